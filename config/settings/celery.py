@@ -1,0 +1,34 @@
+"""Celery settings chosen so that losing a worker loses no work.
+
+The ledger, not the broker, is the source of truth: poll schedules live in PostgreSQL rows and
+the beat dispatcher re-claims any row whose lease expired, so a lost message costs one lease period.
+"""
+
+from __future__ import annotations
+
+from config.env import env_int, env_str
+
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
+# No result backend: task return values are never read; the ledger records every outcome.
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+# Ack after the task body ran, and requeue if the worker process dies mid-task.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# One message per worker process at a time: a killed worker strands at most one batch.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Redis redelivers unacked messages after this; the row lease (shorter) is what really bounds a
+# stall, so this only needs to exceed the longest task body.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("TOOLOPS_VISIBILITY_TIMEOUT", 300)}
+CELERY_BEAT_SCHEDULE = {
+    "toolops-dispatch-due": {
+        "task": "toolops.dispatch_due",
+        # Every second: the finest grain at which poll schedules stored in the ledger are honoured.
+        "schedule": 1.0,
+        # A tick that could not run within a second is superseded by the next one.
+        "options": {"expires": 1.0},
+    },
+}

@@ -1,0 +1,27 @@
+"""toolops executor settings (all overridable from the environment)."""
+
+from __future__ import annotations
+
+from config.env import env_float, env_int
+
+# How long a claimed row belongs to one worker. A worker that dies stops renewing nothing; the row is
+# re-claimed after this, so it bounds the stall after a crash. Longer than one poll round trip.
+TOOLOPS_LEASE_SECONDS = env_float("TOOLOPS_LEASE_SECONDS", 30.0)
+# Rows claimed per dispatcher transaction; one poll task per row (ids only).
+TOOLOPS_CLAIM_BATCH = env_int("TOOLOPS_CLAIM_BATCH", 200)
+# Never poll faster than this, whatever the server suggests (protects servers that send 0).
+TOOLOPS_POLL_FLOOR_SECONDS = env_float("TOOLOPS_POLL_FLOOR_SECONDS", 0.2)
+# Used when the server suggests no interval (SDK defaults are 0.5 s to 5 s).
+TOOLOPS_POLL_DEFAULT_SECONDS = env_float("TOOLOPS_POLL_DEFAULT_SECONDS", 1.0)
+# Fraction of the interval added as uniform jitter so a fleet does not poll in lock step.
+TOOLOPS_POLL_JITTER = env_float("TOOLOPS_POLL_JITTER", 0.2)
+# Total time we are willing to wait for one operation when the server gives no ttl.
+TOOLOPS_WAIT_BUDGET_SECONDS = env_float("TOOLOPS_WAIT_BUDGET_SECONDS", 3600.0)
+# Default task ttl requested from servers (ms).
+TOOLOPS_DEFAULT_TTL_MS = env_int("TOOLOPS_DEFAULT_TTL_MS", 3_600_000)
+# HTTP timeout for one protocol request.
+TOOLOPS_HTTP_TIMEOUT_SECONDS = env_float("TOOLOPS_HTTP_TIMEOUT_SECONDS", 30.0)
+# Largest result body accepted; larger is a protocol violation, never silently truncated.
+TOOLOPS_MAX_RESULT_BYTES = env_int("TOOLOPS_MAX_RESULT_BYTES", 8 * 1024 * 1024)
+# Retries of a submit whose request provably never left (connection refused), same key each time.
+TOOLOPS_SUBMIT_UNSENT_RETRIES = env_int("TOOLOPS_SUBMIT_UNSENT_RETRIES", 3)

@@ -1,0 +1,1 @@
+"""Guarded writes to the ledger. Every function here changes rows only through checked SQL."""

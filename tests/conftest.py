@@ -1,0 +1,24 @@
+"""Shared fixtures. The reference MCP server runs as a real subprocess speaking Streamable HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.peers.launch import running_reference_server
+
+
+@pytest.fixture(scope="session")
+def mcp_url() -> Iterator[str]:
+    with running_reference_server(poll_interval_ms=100) as url:
+        yield url
+
+
+@pytest.fixture(autouse=True)
+def _fresh_adapters() -> Iterator[None]:
+    """Adapters are cached per process; tests must not share HTTP clients across databases."""
+    yield
+    from toolops.services.connections import adapters_close_all
+
+    adapters_close_all()

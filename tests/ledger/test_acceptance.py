@@ -1,0 +1,174 @@
+"""The one acceptance point, including real concurrent transactions on PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+
+from ledger.errors import AcceptanceRefused
+from ledger.models import Operation, OperationEvent, OutboxEvent, TerminalReceipt
+from ledger.services.acceptance import operation_accept_terminal
+from ledger.states import State
+from tests.ledger.factories import OperationFactory
+
+RESULT = {"kind": "result", "payload": {"content": [{"type": "text", "text": "ok"}]},
+          "is_error": False, "status_message": ""}
+
+
+def _fetched_op(**overrides: Any) -> Operation:
+    fields: dict[str, Any] = {
+        "state": State.FETCHING_RESULT, "terminal_status": "completed", "server_state": "completed",
+        "result": RESULT, "result_kind": "result", "result_digest": "sha256:abc",
+    }
+    fields.update(overrides)
+    return OperationFactory(**fields)
+
+
+def _claim(op: Operation, **overrides: Any) -> dict[str, Any]:
+    claim = {
+        "operation_id": op.id, "call_node_id": op.call_node_id, "request_digest": op.request_digest,
+        "remote_id": op.remote_id, "descriptor_version": op.descriptor_version,
+        "execution_epoch": op.execution_epoch, "cancel_generation": op.cancel_generation,
+        "terminal_status": op.terminal_status, "result_digest": op.result_digest,
+    }
+    claim.update(overrides)
+    return claim
+
+
+@pytest.mark.django_db
+def test_accept_writes_receipt_one_outbox_row_and_final_state() -> None:
+    op = _fetched_op()
+    receipt = operation_accept_terminal(**_claim(op))
+    op.refresh_from_db()
+    assert op.state == State.ACCEPTED
+    assert receipt.payload == RESULT and receipt.terminal_status == "completed"
+    outbox = OutboxEvent.objects.get(receipt=receipt)
+    assert outbox.payload["operation_id"] == str(op.id)
+    assert outbox.payload["receipt_id"] == receipt.pk
+    assert OperationEvent.objects.filter(operation=op, kind="accepted").count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("call_node_id", "another-node"),
+        ("request_digest", "sha256:other"),
+        ("remote_id", "another-task"),
+        ("descriptor_version", "sha256:older-descriptor"),
+        ("execution_epoch", 0),
+        ("cancel_generation", 1),
+        ("terminal_status", "failed"),
+        ("result_digest", "sha256:tampered"),
+    ],
+)
+def test_each_identity_mismatch_is_refused_and_logged(field: str, value: Any) -> None:
+    op = _fetched_op()
+    with pytest.raises(AcceptanceRefused) as err:
+        operation_accept_terminal(**_claim(op, **{field: value}))
+    assert err.value.field == field
+    op.refresh_from_db()
+    assert op.state == State.FETCHING_RESULT
+    assert not TerminalReceipt.objects.exists() and not OutboxEvent.objects.exists()
+    refusal = OperationEvent.objects.get(operation=op, kind="acceptance_refused")
+    assert refusal.data["field"] == field
+
+
+@pytest.mark.django_db
+def test_completed_without_fetched_result_is_refused() -> None:
+    op = _fetched_op(result=None, result_digest="")
+    with pytest.raises(AcceptanceRefused, match="not fetched"):
+        operation_accept_terminal(**_claim(op))
+    op = OperationFactory(state=State.TERMINAL_OBSERVED, terminal_status="completed")
+    with pytest.raises(AcceptanceRefused, match="cannot be accepted"):
+        operation_accept_terminal(**_claim(op))
+    assert not TerminalReceipt.objects.exists()
+
+
+@pytest.mark.django_db
+def test_confirmed_cancel_is_accepted_without_success_payload() -> None:
+    op = OperationFactory(state=State.CANCEL_REQUESTED, cancel_generation=1)
+    receipt = operation_accept_terminal(**_claim(op, terminal_status="cancelled", result_digest=""))
+    op.refresh_from_db()
+    assert op.state == State.CANCELLED_ACCEPTED
+    assert receipt.payload is None and receipt.terminal_status == "cancelled"
+
+
+def _race(n: int, target: Callable[[], Any]) -> tuple[list[Any], list[BaseException]]:
+    """Run `target` in n threads released at once; each thread has its own DB connection."""
+    barrier = threading.Barrier(n)
+    results: list[Any] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        try:
+            barrier.wait(timeout=10)
+            value = target()
+            with lock:
+                results.append(value)
+        except BaseException as exc:  # collected and asserted on by the caller
+            with lock:
+                errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return results, errors
+
+
+@pytest.mark.django_db(transaction=True)
+def test_eight_threads_accepting_at_once_yield_one_receipt() -> None:
+    assert connection.vendor == "postgresql", "the race test needs real row locks"
+    op = _fetched_op()
+    claim = _claim(op)
+    results, errors = _race(8, lambda: operation_accept_terminal(**claim))
+    assert len(results) == 1, errors
+    assert len(errors) == 7 and all(isinstance(e, AcceptanceRefused) for e in errors), errors
+    assert TerminalReceipt.objects.filter(call_node_id=op.call_node_id).count() == 1
+    assert OutboxEvent.objects.count() == 1
+    assert OperationEvent.objects.filter(operation=op, kind="acceptance_refused").count() == 7
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("field,value", [("result_digest", "sha256:other"),
+                                         ("execution_epoch", 0), ("cancel_generation", 1)])
+def test_eight_threads_with_mismatched_claims_are_all_refused(field: str, value: Any) -> None:
+    assert connection.vendor == "postgresql"
+    op = _fetched_op()
+    claim = _claim(op, **{field: value})
+    results, errors = _race(8, lambda: operation_accept_terminal(**claim))
+    assert results == []
+    assert len(errors) == 8 and all(isinstance(e, AcceptanceRefused) for e in errors)
+    assert not TerminalReceipt.objects.exists() and not OutboxEvent.objects.exists()
+    op.refresh_from_db()
+    assert op.state == State.FETCHING_RESULT
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_operations_of_one_call_node_cannot_both_be_accepted() -> None:
+    """The database constraint is the backstop: one receipt per call node and epoch."""
+    first = _fetched_op(call_node_id="node-x")
+    second = _fetched_op(call_node_id="node-x")
+    results, errors = _race(2, lambda: None)  # warm-up: the helper itself works with 2 threads
+    assert results == [None, None] and not errors
+    claims = iter([_claim(first), _claim(second)])
+    lock = threading.Lock()
+
+    def accept_next() -> Any:
+        with lock:
+            claim = next(claims)
+        return operation_accept_terminal(**claim)
+
+    results, errors = _race(2, accept_next)
+    assert len(results) == 1 and len(errors) == 1
+    assert TerminalReceipt.objects.filter(call_node_id="node-x").count() == 1
+    assert OutboxEvent.objects.count() == 1

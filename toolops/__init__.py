@@ -1,0 +1,1 @@
+"""The toolops executor: services, scheduling, Celery tasks, commands and the embedded runner."""

@@ -1,0 +1,62 @@
+"""Claiming due rows: the poll schedule lives in the ledger, never in broker ETAs.
+
+One transaction claims a batch with `SELECT ... FOR UPDATE SKIP LOCKED`, so two dispatchers never
+lease the same row: the second skips rows the first has locked and, after the first commits, sees
+them leased. A worker that dies holding a lease stalls its rows only until the lease expires.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Min, Q
+from django.utils import timezone
+
+from ledger.models import Operation
+from ledger.states import POLLABLE, State
+
+# SUBMITTING rows are claimable only after their submitter's lease ran out (see operation_poll).
+CLAIMABLE = frozenset(POLLABLE | {State.SUBMITTING})
+
+
+def operations_claim_due(*, owner: str, limit: int | None = None) -> list[uuid.UUID]:
+    now = timezone.now()
+    batch = limit or int(settings.TOOLOPS_CLAIM_BATCH)
+    lease_until = now + timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS))
+    with transaction.atomic():
+        ids = list(
+            Operation.objects.select_for_update(skip_locked=True)
+            .filter(state__in=CLAIMABLE, next_poll_at__lte=now)
+            .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
+            .order_by("next_poll_at")
+            .values_list("id", flat=True)[:batch]
+        )
+        if ids:
+            Operation.objects.filter(id__in=ids).update(
+                lease_owner=owner, lease_expires_at=lease_until,
+                poll_attempts=F("poll_attempts") + 1,
+            )
+    return ids
+
+
+def operations_dispatch_due(*, enqueue: Callable[[uuid.UUID, str], None]) -> int:
+    """Claim due rows and hand each to `enqueue` only once the claim has committed."""
+    owner = f"lease-{uuid.uuid4().hex}"
+    with transaction.atomic():
+        ids = operations_claim_due(owner=owner)
+        for op_id in ids:
+            # Never enqueue inside the transaction: a rolled-back claim must send nothing.
+            transaction.on_commit(lambda op_id=op_id: enqueue(op_id, owner))
+    return len(ids)
+
+
+def operations_next_due_at() -> object:
+    """The earliest scheduled poll among claimable rows (None when nothing is scheduled)."""
+    return (
+        Operation.objects.filter(state__in=CLAIMABLE, next_poll_at__isnull=False)
+        .aggregate(m=Min("next_poll_at"))["m"]
+    )

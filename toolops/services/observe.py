@@ -1,0 +1,169 @@
+"""Polling: one `get` per claimed row, recorded only if the lease, epoch and sequence still hold."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from adapters import (
+    AdapterError,
+    LostResponseError,
+    NotFoundError,
+    TransientError,
+)
+from adapters.base import RemoteTask
+from ledger.errors import IllegalTransition
+from ledger.models import Operation
+from ledger.services.transitions import operation_transition, operation_update_guarded
+from ledger.states import State
+from toolops.scheduling import next_poll_at
+from toolops.services.connections import adapter_for_server
+
+logger = logging.getLogger("toolops.poll")
+
+TERMINAL_SERVER_STATUSES = frozenset({"completed", "failed", "cancelled"})
+RELEASE: dict[str, Any] = {"lease_owner": "", "lease_expires_at": None}
+
+
+def _task_expiry(*, task: RemoteTask, now: datetime) -> datetime | None:
+    if task.ttl_ms is None:
+        return None
+    created = parse_datetime(task.created_at) if task.created_at else None
+    return (created or now) + timedelta(milliseconds=task.ttl_ms)
+
+
+def task_schedule_fields(*, op: Operation, task: RemoteTask, now: datetime) -> dict[str, Any]:
+    """Fields an observation of `task` sets: verbatim server state, interval, expiry, next poll."""
+    expires = op.expires_at
+    server_expiry = _task_expiry(task=task, now=now)
+    if server_expiry is not None and (expires is None or server_expiry < expires):
+        expires = server_expiry
+    paused = task.status == "input_required"
+    return {
+        "server_state": task.status,
+        "server_status_message": task.status_message or "",
+        "poll_interval_ms": task.poll_interval_ms,
+        "ttl_ms": task.ttl_ms,
+        "expires_at": expires,
+        # input_required pauses polling: the row resumes when its input round is answered.
+        "next_poll_at": None if paused else next_poll_at(
+            now=now, poll_interval_ms=task.poll_interval_ms, expires_at=expires
+        ),
+    }
+
+
+def operation_reschedule_after_error(
+    *, op: Operation, lease_owner: str, error: AdapterError, kind: str
+) -> None:
+    """Record a failed protocol call and try again later; the row does not advance."""
+    retry_after = error.retry_after if isinstance(error, TransientError) else None
+    backoff = min(2.0 ** min(op.poll_attempts, 6), 60.0)
+    operation_update_guarded(
+        operation_id=op.id, state=op.state, execution_epoch=op.execution_epoch,
+        lease_owner=lease_owner,
+        updates={
+            **RELEASE,
+            "next_poll_at": next_poll_at(
+                now=timezone.now(), poll_interval_ms=op.poll_interval_ms, expires_at=None,
+                retry_after_s=max(retry_after or 0.0, backoff),
+            ),
+        },
+        event_kind=kind,
+        event_data={"error": str(error), "type": type(error).__name__, "detail": error.detail},
+    )
+
+
+def operation_to_reconciliation(*, op: Operation, lease_owner: str | None, reason: str,
+                                evidence: dict[str, Any]) -> None:
+    operation_transition(
+        operation_id=op.id, from_state=op.state, to_state=State.RECONCILIATION_REQUIRED,
+        execution_epoch=op.execution_epoch, lease_owner=lease_owner,
+        updates={**RELEASE, "next_poll_at": None},
+        event_kind="reconciliation_required", event_data={"reason": reason, **evidence},
+    )
+
+
+def operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
+    """Poll one leased row. Returns a short outcome label (for logs and the runner)."""
+    from toolops.services.results import operation_fetch_and_accept, operation_record_terminal_seen
+
+    op = Operation.objects.select_related("server").filter(id=operation_id).first()
+    now = timezone.now()
+    if op is None:
+        return "missing"
+    if op.lease_owner != lease_owner or op.lease_expires_at is None or op.lease_expires_at <= now:
+        # Our claim is gone (expired and re-claimed, or released): another worker owns the row.
+        return "stale_lease"
+    if op.state == State.SUBMITTING:
+        # The submitter's lease ran out before it recorded an outcome: the request may have left.
+        operation_transition(
+            operation_id=op.id, from_state=State.SUBMITTING, to_state=State.SUBMISSION_UNKNOWN,
+            execution_epoch=op.execution_epoch, lease_owner=lease_owner,
+            updates={**RELEASE, "next_poll_at": None},
+            event_kind="submission_unknown",
+            event_data={"reason": "submitter lost before recording the outcome"},
+        )
+        return "submission_unknown"
+    if op.state in (State.TERMINAL_OBSERVED, State.FETCHING_RESULT):
+        return operation_fetch_and_accept(operation_id=op.id, lease_owner=lease_owner)
+    if op.state not in (State.WORKING, State.CANCEL_REQUESTED):
+        operation_update_guarded(
+            operation_id=op.id, state=op.state, execution_epoch=op.execution_epoch,
+            lease_owner=lease_owner, updates={**RELEASE, "next_poll_at": None},
+            event_kind="poll_skipped", event_data={"reason": f"state {op.state} is not polled"},
+        )
+        return "not_pollable"
+    if op.expires_at is not None and now >= op.expires_at:
+        operation_to_reconciliation(
+            op=op, lease_owner=lease_owner, reason="expired_or_budget_exhausted",
+            evidence={"expires_at": op.expires_at.isoformat(), "server_state": op.server_state},
+        )
+        return "expired"
+
+    issued_seq = op.observation_seq + 1
+    adapter = adapter_for_server(server=op.server)
+    try:
+        task = adapter.get(remote_id=op.remote_id)
+    except NotFoundError as exc:
+        operation_to_reconciliation(
+            op=op, lease_owner=lease_owner, reason="not_found_unknown",
+            evidence={"error": str(exc), "type": type(exc).__name__, "detail": exc.detail},
+        )
+        return "not_found"
+    except (TransientError, LostResponseError, AdapterError) as exc:
+        operation_reschedule_after_error(op=op, lease_owner=lease_owner, error=exc, kind="poll_error")
+        return "poll_error"
+
+    # An older observation never overwrites a newer one: the sequence guard rejects it.
+    seq_guard = {"observation_seq__lt": issued_seq}
+    fields = {**task_schedule_fields(op=op, task=task, now=timezone.now()),
+              "observation_seq": issued_seq}
+    data = {"observation_seq": issued_seq, "status": task.status,
+            "status_message": task.status_message}
+    if task.status in TERMINAL_SERVER_STATUSES:
+        try:
+            operation_record_terminal_seen(
+                operation_id=op.id, from_state=State(op.state), lease_owner=lease_owner, task=task,
+                observation_seq=issued_seq,
+            )
+        except IllegalTransition:
+            return "stale_observation"
+        return operation_fetch_and_accept(operation_id=op.id, lease_owner=lease_owner)
+    if task.status == "input_required" and op.state == State.WORKING:
+        operation_transition(
+            operation_id=op.id, from_state=State.WORKING, to_state=State.INPUT_REQUIRED,
+            execution_epoch=op.execution_epoch, lease_owner=lease_owner,
+            updates={**fields, **RELEASE}, event_kind="observed", event_data=data,
+        )
+        return "input_required"
+    ok = operation_update_guarded(
+        operation_id=op.id, state=op.state, execution_epoch=op.execution_epoch,
+        lease_owner=lease_owner, updates={**fields, **RELEASE}, event_kind="observed",
+        event_data=data, extra_filters=seq_guard,
+    )
+    return "working" if ok else "stale_observation"

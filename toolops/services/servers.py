@@ -1,0 +1,95 @@
+"""Tool server registration and negotiation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from adapters import AdapterError, adapter_for
+from adapters.base import Negotiated, ToolDescriptor
+from ledger.digests import canonical_digest
+from ledger.models import ToolServer
+from toolops.errors import ToolopsError
+
+DEFAULT_ADAPTER = "mcp-tasks/2025-11-25"
+
+
+def _tools_table(tools: list[ToolDescriptor]) -> dict[str, Any]:
+    return {
+        t.name: {
+            "task_support": t.task_support,
+            "descriptor_digest": canonical_digest(t.raw),
+            "descriptor": t.raw,
+        }
+        for t in tools
+    }
+
+
+def _negotiate(*, url: str, adapter_version: str) -> tuple[Negotiated, list[ToolDescriptor]]:
+    try:
+        adapter = adapter_for(version=adapter_version, url=url, session_id=None)
+    except ValueError as exc:
+        raise ToolopsError(str(exc)) from exc
+    try:
+        negotiated = adapter.negotiate()
+        tools = adapter.list_tools()
+    except AdapterError as exc:
+        raise ToolopsError(f"negotiation with {url} failed: {exc}") from exc
+    finally:
+        # Closing the HTTP client only; the MCP session stays open on the server for the workers.
+        adapter.close()
+    return negotiated, tools
+
+
+def server_add(
+    *,
+    name: str,
+    url: str,
+    adapter_version: str = DEFAULT_ADAPTER,
+    max_qps: float = 10.0,
+    sync_bounds: dict[str, float] | None = None,
+) -> ToolServer:
+    """Negotiate with a server, then record it. Nothing is written if negotiation fails."""
+    if max_qps <= 0:
+        raise ToolopsError("--max-qps must be positive")
+    negotiated, tools = _negotiate(url=url, adapter_version=adapter_version)
+    try:
+        with transaction.atomic():
+            return ToolServer.objects.create(
+                name=name,
+                url=url,
+                adapter_version=adapter_version,
+                protocol_version=negotiated.protocol_version,
+                capabilities=negotiated.capabilities,
+                server_info=negotiated.server_info,
+                session_id=negotiated.session_id or "",
+                tools=_tools_table(tools),
+                sync_bounds=dict(sync_bounds or {}),
+                max_qps=max_qps,
+                negotiated_at=timezone.now(),
+            )
+    except IntegrityError as exc:
+        raise ToolopsError(f"a server named {name!r} already exists") from exc
+
+
+def server_renegotiate(*, server_id: int, stale_session_id: str) -> ToolServer:
+    """Open a new session after the old one was lost, unless another worker already did.
+
+    The conditional UPDATE on the stale session id makes concurrent workers converge on one new
+    session: the loser's UPDATE matches nothing and it reloads the winner's session.
+    Tasks of the lost session stay unreachable; their rows go to reconciliation, never resubmitted.
+    """
+    server = ToolServer.objects.get(pk=server_id)
+    if server.session_id != stale_session_id:
+        return server
+    negotiated, tools = _negotiate(url=server.url, adapter_version=server.adapter_version)
+    ToolServer.objects.filter(pk=server_id, session_id=stale_session_id).update(
+        session_id=negotiated.session_id or "",
+        capabilities=negotiated.capabilities,
+        protocol_version=negotiated.protocol_version,
+        tools=_tools_table(tools),
+        negotiated_at=timezone.now(),
+    )
+    return ToolServer.objects.get(pk=server_id)

@@ -1,0 +1,24 @@
+"""Celery tasks: thin, ids only; each reloads its row and re-checks lease and epoch in the service."""
+
+from __future__ import annotations
+
+import uuid
+
+from celery import shared_task
+
+from toolops.services.dispatch import operations_dispatch_due
+from toolops.services.observe import operation_poll
+
+
+def _enqueue_poll(operation_id: uuid.UUID, lease_owner: str) -> None:
+    poll_operation.delay(str(operation_id), lease_owner)
+
+
+@shared_task(name="toolops.dispatch_due", ignore_result=True)
+def dispatch_due() -> int:
+    return operations_dispatch_due(enqueue=_enqueue_poll)
+
+
+@shared_task(name="toolops.poll_operation", ignore_result=True, acks_late=True)
+def poll_operation(operation_id: str, lease_owner: str) -> str:
+    return operation_poll(operation_id=uuid.UUID(operation_id), lease_owner=lease_owner)
