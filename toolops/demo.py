@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, TextIO
+from typing import Any, Protocol
 
 from django.db import connection
 
@@ -29,13 +29,27 @@ CALLS: list[tuple[str, str, dict[str, Any]]] = [
 def _timeline(snapshot: dict[str, Any]) -> list[str]:
     lines = []
     for e in snapshot["events"]:
-        move = f"{e['from_state'] or '-'} -> {e['to_state']}" if e["from_state"] != e["to_state"] else e["to_state"]
+        moved = e["from_state"] != e["to_state"]
+        move = f"{e['from_state'] or '-'} -> {e['to_state']}" if moved else e["to_state"]
         server = f" server={e['server_state']}" if e["server_state"] else ""
         lines.append(f"    #{e['seq']:<3} {e['created_at'][11:23]} {e['kind']:<20} {move}{server}")
     return lines
 
 
-def run_demo(*, out: TextIO) -> int:
+class _Writer(Protocol):
+    def write(self, msg: str) -> Any: ...
+
+
+def _result_line(payload: dict[str, Any] | None) -> str:
+    if payload is None:
+        return "none"
+    body = payload.get("payload") or {}
+    texts = [c.get("text", "") for c in body.get("content", []) if isinstance(c, dict)]
+    detail = "; ".join(t for t in texts if t) or payload.get("status_message") or payload["kind"]
+    return f"{payload['kind']} is_error={payload['is_error']}: {detail[:120]}"
+
+
+def run_demo(*, out: _Writer) -> int:
     try:
         from tests.peers.launch import running_reference_server
     except ImportError:
@@ -67,7 +81,7 @@ def run_demo(*, out: TextIO) -> int:
                 continue
             shown = {k: receipt[k] for k in ("id", "terminal_status", "result_digest", "remote_id")}
             out.write(f"  receipt: {json.dumps(shown)}\n")
-            out.write(f"  payload: {json.dumps(receipt['payload'])[:160]}\n")
+            out.write(f"  result: {_result_line(receipt['payload'])}\n")
             out.write(f"  outbox rows: {len(snap['outbox'])}\n\n")
     out.write(f"{len(ops) - failures}/{len(ops)} calls accepted in {time.monotonic() - started:.1f}s\n")
     return 0 if failures == 0 else 1

@@ -39,6 +39,6 @@ def run_embedded(*, until_idle: bool, max_seconds: float | None) -> RunStats:
                 return stats
             time.sleep(MAX_IDLE_SLEEP_SECONDS)
             continue
-        wait = (next_due - timezone.now()).total_seconds()  # type: ignore[operator]
+        wait = (next_due - timezone.now()).total_seconds()
         if wait > 0:
             time.sleep(min(wait, MAX_IDLE_SLEEP_SECONDS))

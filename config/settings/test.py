@@ -9,7 +9,7 @@ from __future__ import annotations
 import dj_database_url
 
 from config.env import env_str
-from config.settings import *  # noqa: F401,F403
+from config.settings import *  # noqa: F403
 
 DATABASES = {
     "default": dj_database_url.parse(

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
+from functools import partial
 
 from django.conf import settings
 from django.db import transaction
@@ -50,11 +51,11 @@ def operations_dispatch_due(*, enqueue: Callable[[uuid.UUID, str], None]) -> int
         ids = operations_claim_due(owner=owner)
         for op_id in ids:
             # Never enqueue inside the transaction: a rolled-back claim must send nothing.
-            transaction.on_commit(lambda op_id=op_id: enqueue(op_id, owner))
+            transaction.on_commit(partial(enqueue, op_id, owner))
     return len(ids)
 
 
-def operations_next_due_at() -> object:
+def operations_next_due_at() -> datetime | None:
     """The earliest scheduled poll among claimable rows (None when nothing is scheduled)."""
     return (
         Operation.objects.filter(state__in=CLAIMABLE, next_poll_at__isnull=False)

@@ -32,8 +32,8 @@ from ledger.services.transitions import operation_transition
 from ledger.states import State
 from toolops.errors import ServerNotFound, SubmitRefused
 from toolops.services.connections import adapter_for_server
-from toolops.services.results import operation_complete_sync, operation_record_terminal_seen
 from toolops.services.observe import task_schedule_fields
+from toolops.services.results import operation_complete_sync, operation_record_terminal_seen
 from toolops.services.servers import server_renegotiate
 
 logger = logging.getLogger("toolops.submit")

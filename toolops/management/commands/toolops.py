@@ -44,7 +44,7 @@ class Command(BaseCommand):
         p.add_argument("--server", required=True)
         p.add_argument("--tool", required=True)
         p.add_argument("--call-node", required=True)
-        p.add_argument("--args", default="{}")
+        p.add_argument("--args", dest="args_json", default="{}")
         p.add_argument("--ttl-ms", type=int, default=None)
 
         p = sub.add_parser("show", help="print one operation with events, receipt and outbox")
@@ -82,7 +82,7 @@ class Command(BaseCommand):
     def _submit(self, opts: dict[str, Any]) -> None:
         from toolops.services.submit import operation_submit
 
-        arguments = _json_arg(opts["args"], flag="--args")
+        arguments = _json_arg(opts["args_json"], flag="--args")
         if not isinstance(arguments, dict):
             raise CommandError("--args must be a JSON object")
         op = operation_submit(

@@ -1,0 +1,49 @@
+"""Protocol adapters: plain Python (httpx + mcp-types), no Django, no ledger, no toolops.
+
+One interface (`TaskAdapter`), one module per protocol shape, one error taxonomy.
+"""
+
+from adapters.base import (
+    FetchedResult,
+    InputWindow,
+    Negotiated,
+    RemoteTask,
+    ServerRequest,
+    SubmitOutcome,
+    TaskAdapter,
+    ToolDescriptor,
+)
+from adapters.errors import (
+    AdapterError,
+    AlreadyTerminalError,
+    LostResponseError,
+    NotFoundError,
+    ProtocolViolationError,
+    SessionLostError,
+    TaskNotSupportedError,
+    TransientError,
+)
+from adapters.mcp_tasks_2025 import McpTasks2025Adapter
+from adapters.registry import ADAPTER_VERSIONS, adapter_for
+
+__all__ = [
+    "ADAPTER_VERSIONS",
+    "AdapterError",
+    "AlreadyTerminalError",
+    "FetchedResult",
+    "InputWindow",
+    "LostResponseError",
+    "McpTasks2025Adapter",
+    "Negotiated",
+    "NotFoundError",
+    "ProtocolViolationError",
+    "RemoteTask",
+    "ServerRequest",
+    "SessionLostError",
+    "SubmitOutcome",
+    "TaskAdapter",
+    "TaskNotSupportedError",
+    "ToolDescriptor",
+    "TransientError",
+    "adapter_for",
+]

@@ -1,0 +1,117 @@
+"""Protocol-neutral values and the interface every task adapter implements.
+
+The executor stores these values in the ledger and decides on them; adapters only
+translate. Everything is frozen so an observation cannot be edited after it was recorded.
+`raw` fields keep the server's JSON verbatim: the audit record and the result digest are
+taken from what the server said, not from our parsed view of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Negotiated:
+    protocol_version: str
+    session_id: str | None
+    capabilities: dict[str, Any]
+    server_info: dict[str, Any]
+    supports_task_tools_call: bool
+    supports_cancel: bool
+    supports_list: bool
+
+
+@dataclass(frozen=True)
+class ToolDescriptor:
+    name: str
+    task_support: str  # "forbidden" | "optional" | "required"
+    raw: dict[str, Any]  # the tools/list entry verbatim
+
+
+@dataclass(frozen=True)
+class RemoteTask:
+    remote_id: str
+    status: str  # server status verbatim
+    status_message: str | None
+    poll_interval_ms: int | None
+    ttl_ms: int | None
+    created_at: str | None
+    raw: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class FetchedResult:
+    # "result" | "error" | "empty"; empty = mcp 1.30's _meta-only success for failed/cancelled
+    kind: str
+    payload: dict[str, Any]
+    is_error: bool
+    raw: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ServerRequest:
+    request_id: str | int
+    method: str
+    params: dict[str, Any]
+    related_task_id: str | None
+
+
+@dataclass(frozen=True)
+class InputWindow:
+    """What a bounded read of the task's input channel saw."""
+
+    requests: tuple[ServerRequest, ...]
+    result: FetchedResult | None
+
+
+@dataclass(frozen=True)
+class SubmitOutcome:
+    task: RemoteTask | None
+    sync_result: FetchedResult | None
+    raw: dict[str, Any]
+
+
+@runtime_checkable
+class TaskAdapter(Protocol):
+    version: str
+    capabilities: frozenset[str]  # e.g. {"cancel", "list", "lookup_by_key"}
+
+    def negotiate(self) -> Negotiated: ...
+
+    def list_tools(self) -> list[ToolDescriptor]: ...
+
+    def submit(
+        self, *, tool: str, arguments: dict[str, Any], ttl_ms: int | None, submission_key: str
+    ) -> SubmitOutcome: ...
+
+    def call_sync(
+        self, *, tool: str, arguments: dict[str, Any], timeout_s: float, submission_key: str
+    ) -> FetchedResult: ...
+
+    def get(self, *, remote_id: str) -> RemoteTask: ...
+
+    def fetch_result(self, *, remote_id: str, timeout_s: float) -> FetchedResult: ...
+
+    def read_input(self, *, remote_id: str, wait_s: float) -> InputWindow: ...
+
+    def answer_input(self, *, request_id: str | int, result: dict[str, Any], remote_id: str) -> None: ...
+
+    def cancel(self, *, remote_id: str) -> RemoteTask: ...
+
+    def list_tasks(self) -> list[RemoteTask]: ...
+
+    def close(self) -> None: ...
+
+
+__all__ = [
+    "FetchedResult",
+    "InputWindow",
+    "Negotiated",
+    "RemoteTask",
+    "ServerRequest",
+    "SubmitOutcome",
+    "TaskAdapter",
+    "ToolDescriptor",
+]

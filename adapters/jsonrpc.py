@@ -1,0 +1,473 @@
+"""JSON-RPC over Streamable HTTP: one POST per message, answered with JSON or SSE.
+
+This module knows HTTP and JSON-RPC framing only; it does not know MCP methods. It turns
+transport outcomes into the error taxonomy by one rule: an error is transient only when
+the request cannot have reached the server (or the server said "later" with 429/503);
+anything that failed after the bytes left is a lost response, because for tools/call
+that means "maybe created" (mcp-tasks.md section 5.1). JSON-RPC error bodies are returned
+to the caller unclassified: what a code means depends on the method (section 5.3).
+"""
+
+from __future__ import annotations
+
+import codecs
+import email.utils
+import json
+import queue
+import secrets
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pydantic
+from mcp_types import jsonrpc as rpc
+
+from adapters.errors import (
+    AdapterError,
+    LostResponseError,
+    ProtocolViolationError,
+    SessionLostError,
+    TransientError,
+)
+
+ACCEPT = "application/json, text/event-stream"
+SESSION_HEADER = "Mcp-Session-Id"
+# How long an input stream may sit silent before we give it up. Long on purpose: a live
+# tasks/result stream is the only channel a Shape A server delivers follow-up input on.
+STREAM_IDLE_TIMEOUT_S = 300.0
+
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RpcReply:
+    """The response to one request, with its JSON-RPC error left for the caller to classify."""
+
+    request_id: str
+    method: str
+    message: Message  # the response envelope verbatim
+    result: dict[str, Any] | None
+    error: dict[str, Any] | None  # {"code", "message", "data"?}
+    http_status: int
+    session_id: str | None  # Mcp-Session-Id header of the HTTP reply
+    others: tuple[Message, ...]  # server requests / notifications seen before the response
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Retry-After as seconds (delta-seconds or HTTP-date); None when absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value.strip()))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def message_kind(message: Any) -> str:
+    """'request' | 'notification' | 'response' | 'error', validated with mcp-types' envelopes."""
+    if not isinstance(message, dict):
+        raise ProtocolViolationError(
+            "JSON-RPC message is not an object", detail={"type": type(message).__name__}
+        )
+    model: type[pydantic.BaseModel]
+    if "method" in message:
+        kind, model = (
+            ("request", rpc.JSONRPCRequest) if "id" in message else ("notification", rpc.JSONRPCNotification)
+        )
+    elif "error" in message:
+        kind, model = "error", rpc.JSONRPCError
+    elif "result" in message:
+        kind, model = "response", rpc.JSONRPCResponse
+    else:
+        raise ProtocolViolationError("JSON-RPC message has no method, result or error")
+    try:
+        model.model_validate(message)
+    except pydantic.ValidationError as exc:
+        raise ProtocolViolationError(
+            f"invalid JSON-RPC {kind}", detail={"errors": exc.errors(include_url=False, include_input=False)}
+        ) from exc
+    return kind
+
+
+class SseParser:
+    """Incremental text/event-stream parser (WHATWG rules, the subset MCP uses).
+
+    Comment lines (':' keep-alives) and fields other than event/data are ignored; an
+    event is dispatched on a blank line, so a stream cut mid-event yields nothing for it.
+    """
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
+        self._buffer = ""
+        self._event = ""
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[tuple[str, str]]:
+        try:
+            self._buffer += self._decoder.decode(chunk)
+        except UnicodeDecodeError as exc:
+            raise ProtocolViolationError("SSE stream is not UTF-8") from exc
+        events: list[tuple[str, str]] = []
+        while True:
+            cut = min((i for i in (self._buffer.find("\r"), self._buffer.find("\n")) if i >= 0), default=-1)
+            if cut < 0 or (self._buffer[cut] == "\r" and cut == len(self._buffer) - 1):
+                return events  # no complete line yet (a lone trailing \r may be half of \r\n)
+            line = self._buffer[:cut]
+            skip = 2 if self._buffer.startswith("\r\n", cut) else 1
+            self._buffer = self._buffer[cut + skip :]
+            if line == "":
+                if self._data:
+                    events.append((self._event or "message", "\n".join(self._data)))
+                self._event, self._data = "", []
+            elif not line.startswith(":"):
+                name, _, value = line.partition(":")
+                value = value[1:] if value.startswith(" ") else value
+                if name == "event":
+                    self._event = value
+                elif name == "data":
+                    self._data.append(value)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def _decode_json(text: str | bytes, *, what: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ProtocolViolationError(f"malformed JSON in {what}") from exc
+
+
+class JsonRpcClient:
+    """Sends JSON-RPC messages to one Streamable HTTP endpoint. Thread-safe for requests."""
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        timeout_s: float,
+        max_response_bytes: int,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.max_response_bytes = max_response_bytes
+        # Protocol headers set by the shape adapter (session id, protocol version).
+        self.headers: dict[str, str] = {}
+        self._transport = transport
+        self._client = httpx.Client(transport=transport, timeout=timeout_s, follow_redirects=False)
+        # Ids must be unique across every client sharing one MCP session (several workers):
+        # mcp 1.30 routes a stream's messages by request id, so a collision would cross streams.
+        self._id_prefix = secrets.token_hex(6)
+        self._counter = 0
+        self._lock = threading.Lock()
+
+    def new_id(self) -> str:
+        with self._lock:
+            self._counter += 1
+            return f"{self._id_prefix}-{self._counter}"
+
+    def clone(self) -> JsonRpcClient:
+        """Same endpoint and headers, own connection pool (a stream may outlive this client)."""
+        twin = JsonRpcClient(
+            url=self.url,
+            timeout_s=self.timeout_s,
+            max_response_bytes=self.max_response_bytes,
+            transport=self._transport,
+        )
+        twin.headers = dict(self.headers)
+        return twin
+
+    def close(self) -> None:
+        # A transport passed in belongs to the caller (and may be shared with clones).
+        if self._transport is None:
+            self._client.close()
+
+    def _request_headers(self) -> dict[str, str]:
+        return {"Accept": ACCEPT, "Content-Type": "application/json", **self.headers}
+
+    def _session_bound(self) -> bool:
+        return any(k.lower() == SESSION_HEADER.lower() for k in self.headers)
+
+    def call(
+        self, *, method: str, params: dict[str, Any], timeout_s: float | None = None, creates: bool = False
+    ) -> RpcReply:
+        """Send a request and return its response; server messages seen meanwhile are in `others`."""
+        others: list[Message] = []
+        return self.exchange(
+            method=method,
+            params=params,
+            request_id=self.new_id(),
+            timeout=httpx.Timeout(timeout_s if timeout_s is not None else self.timeout_s),
+            creates=creates,
+            on_message=others.append,
+            others=others,
+        )
+
+    def exchange(
+        self,
+        *,
+        method: str,
+        params: dict[str, Any],
+        request_id: str,
+        timeout: httpx.Timeout,
+        creates: bool,
+        on_message: Callable[[Message], None],
+        others: list[Message] | None = None,
+        on_open: Callable[[httpx.Response], None] | None = None,
+    ) -> RpcReply:
+        body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+        detail: dict[str, Any] = {"method": method, "request_id": request_id}
+        try:
+            with self._client.stream(
+                "POST", self.url, json=body, headers=self._request_headers(), timeout=timeout
+            ) as response:
+                if on_open is not None:
+                    on_open(response)
+                detail["http_status"] = response.status_code
+                return self._read_reply(
+                    response,
+                    request_id=request_id,
+                    method=method,
+                    detail=detail,
+                    creates=creates,
+                    on_message=on_message,
+                    others=others if others is not None else [],
+                )
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            # Nothing was written to a server socket: safe to retry, even for tools/call.
+            raise TransientError(f"{method}: connection failed: {type(exc).__name__}", detail=detail) from exc
+        except (httpx.UnsupportedProtocol, httpx.LocalProtocolError) as exc:
+            raise AdapterError(f"{method}: request could not be sent: {exc}", detail=detail) from exc
+        except (httpx.TimeoutException, httpx.TransportError) as exc:
+            raise LostResponseError(
+                f"{method}: sent, but no answer was read: {type(exc).__name__}", detail=detail
+            ) from exc
+
+    def post_message(self, *, message: Message, what: str) -> None:
+        """POST a notification or a response to a server request; the server answers 202."""
+        detail: dict[str, Any] = {"method": what}
+        try:
+            response = self._client.post(self.url, json=message, headers=self._request_headers())
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            raise TransientError(f"{what}: connection failed: {type(exc).__name__}", detail=detail) from exc
+        except (httpx.TimeoutException, httpx.TransportError) as exc:
+            raise LostResponseError(f"{what}: sent, but no answer was read", detail=detail) from exc
+        detail["http_status"] = response.status_code
+        if response.status_code in (200, 202, 204):
+            return
+        self._raise_for_status(response, detail=detail, creates=False, body=self._best_effort_error(response))
+        raise AdapterError(f"{what}: HTTP {response.status_code}", detail=detail)
+
+    def _best_effort_error(self, response: httpx.Response) -> dict[str, Any] | None:
+        """The JSON-RPC error in an HTTP error reply, if there is one (only for `detail`)."""
+        try:
+            raw = response.read()
+        except httpx.HTTPError:
+            return None
+        if len(raw) > self.max_response_bytes or not raw.lstrip().startswith(b"{"):
+            return None
+        try:
+            parsed = _decode_json(raw, what="error body")
+        except ProtocolViolationError:
+            return None
+        error = parsed.get("error") if isinstance(parsed, dict) else None
+        return error if isinstance(error, dict) else None
+
+    def _raise_for_status(
+        self, response: httpx.Response, *, detail: dict[str, Any], creates: bool, body: dict[str, Any] | None
+    ) -> None:
+        """HTTP outcomes that outrank the body: a lost session and explicit back-pressure."""
+        status = response.status_code
+        if body is not None:
+            detail.update(jsonrpc_code=body.get("code"), jsonrpc_message=body.get("message"))
+        if status == 404 and self._session_bound():
+            raise SessionLostError("MCP session is gone (HTTP 404)", detail=detail)
+        if status in (429, 503):
+            retry_after = parse_retry_after(response.headers.get("retry-after"))
+            detail["retry_after"] = retry_after
+            raise TransientError(
+                f"server asked to retry later (HTTP {status})", detail=detail, retry_after=retry_after
+            )
+        if status >= 500 and body is None:
+            if creates:
+                # A 500/502/504 may come after the server acted on the request.
+                raise LostResponseError(f"HTTP {status} without a JSON-RPC answer", detail=detail)
+            raise TransientError(f"HTTP {status} without a JSON-RPC answer", detail=detail)
+
+    def _read_reply(
+        self,
+        response: httpx.Response,
+        *,
+        request_id: str,
+        method: str,
+        detail: dict[str, Any],
+        creates: bool,
+        on_message: Callable[[Message], None],
+        others: list[Message],
+    ) -> RpcReply:
+        status = response.status_code
+        if status >= 400 or status in (204, 202):
+            error = self._best_effort_error(response) if status >= 400 else None
+            self._raise_for_status(response, detail=detail, creates=creates, body=error)
+            if error is not None:
+                # e.g. 400 "Missing session ID": mcp 1.30 answers with id "server-error", so
+                # an HTTP error reply's JSON-RPC error is ours whatever its id says.
+                message = {"jsonrpc": "2.0", "id": request_id, "error": error}
+                return self._reply(request_id, method, message, response, others)
+            raise AdapterError(f"{method}: HTTP {status} without a JSON-RPC answer", detail=detail)
+        length = response.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_response_bytes:
+            raise ProtocolViolationError("response body over the size limit", detail=detail)
+        content_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type == "application/json":
+            raw = bytearray()
+            for chunk in response.iter_bytes():
+                raw += chunk
+                if len(raw) > self.max_response_bytes:
+                    raise ProtocolViolationError("response body over the size limit", detail=detail)
+            message = _decode_json(bytes(raw), what=f"{method} response")
+            if self._is_our_response(message, request_id, detail=detail):
+                return self._reply(request_id, method, message, response, others)
+            raise ProtocolViolationError(f"{method}: JSON reply is not a response", detail=detail)
+        if content_type != "text/event-stream":
+            raise ProtocolViolationError(f"{method}: unexpected content type {content_type!r}", detail=detail)
+        parser, seen = SseParser(), 0
+        for chunk in response.iter_bytes():
+            seen += len(chunk)
+            if seen > self.max_response_bytes:
+                raise ProtocolViolationError("SSE stream over the size limit", detail=detail)
+            for event, data in parser.feed(chunk):
+                if event != "message":
+                    continue
+                message = _decode_json(data, what=f"{method} SSE event")
+                if self._is_our_response(message, request_id, detail=detail):
+                    return self._reply(request_id, method, message, response, others)
+                on_message(message)
+        # Clean end of stream before our response (truncated or dropped by the server).
+        raise LostResponseError(f"{method}: stream ended before the response", detail=detail)
+
+    @staticmethod
+    def _is_our_response(message: Any, request_id: str, *, detail: dict[str, Any]) -> bool:
+        kind = message_kind(message)
+        if kind in ("request", "notification"):
+            return False
+        if message.get("id") == request_id or (kind == "error" and message.get("id") is None):
+            return True
+        raise ProtocolViolationError(
+            "response carries another JSON-RPC id", detail={**detail, "got_id": str(message.get("id"))[:80]}
+        )
+
+    @staticmethod
+    def _reply(
+        request_id: str, method: str, message: Message, response: httpx.Response, others: list[Message]
+    ) -> RpcReply:
+        return RpcReply(
+            request_id=request_id,
+            method=method,
+            message=message,
+            result=message.get("result"),
+            error=message.get("error"),
+            http_status=response.status_code,
+            session_id=response.headers.get(SESSION_HEADER),
+            others=tuple(others),
+        )
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    """Last item of a MessageStream: the response, or why there is none."""
+
+    reply: RpcReply | None
+    error: AdapterError | None
+
+
+class MessageStream:
+    """A request whose SSE reply is read on a background thread into a queue.
+
+    Used for tasks/result while a task waits for input: the caller can wait with its own
+    deadline (httpx timeouts are per read and cannot bound a whole stream) and can leave
+    the stream open between calls. The stream owns `client` and closes it when it ends.
+    """
+
+    def __init__(self, *, client: JsonRpcClient, method: str, params: dict[str, Any]) -> None:
+        self.request_id = client.new_id()
+        self._client = client
+        self._method = method
+        self._params = params
+        self._queue: queue.Queue[Message | StreamEnd] = queue.Queue()
+        self._socket: socket.socket | None = None
+        self._closed = threading.Event()
+        self.finished = False  # the consumer has taken the StreamEnd item
+        self._thread = threading.Thread(target=self._run, name=f"mcp-stream-{self.request_id}", daemon=True)
+
+    def start(self) -> MessageStream:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            timeout = httpx.Timeout(self._client.timeout_s, read=STREAM_IDLE_TIMEOUT_S)
+            reply = self._client.exchange(
+                method=self._method,
+                params=self._params,
+                request_id=self.request_id,
+                timeout=timeout,
+                creates=False,
+                on_message=self._queue.put,
+                on_open=self._remember_socket,
+            )
+            self._queue.put(StreamEnd(reply=reply, error=None))
+        except AdapterError as exc:
+            self._queue.put(StreamEnd(reply=None, error=exc))
+        except Exception as exc:  # never let the reader thread die silently
+            self._queue.put(StreamEnd(reply=None, error=AdapterError(f"stream reader failed: {exc!r}")))
+        finally:
+            self._client.close()
+
+    def _remember_socket(self, response: httpx.Response) -> None:
+        stream = response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        self._socket = sock if isinstance(sock, socket.socket) else None
+        if self._closed.is_set():
+            self._shutdown()
+
+    def next_item(self, *, timeout_s: float) -> Message | StreamEnd | None:
+        """The next message, the StreamEnd, or None if nothing came within timeout_s."""
+        if self.finished:
+            return None
+        try:
+            item = self._queue.get(timeout=max(0.0, timeout_s))
+        except queue.Empty:
+            return None
+        if isinstance(item, StreamEnd):
+            self.finished = True
+        return item
+
+    @property
+    def reading(self) -> bool:
+        return self._thread.is_alive()
+
+    def close(self) -> None:
+        """Stop reading. shutdown() wakes a thread blocked in recv; close() alone would not."""
+        self._closed.set()
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._socket is not None:
+            try:
+                self._socket.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass

@@ -1,0 +1,115 @@
+"""Fleet: real Celery worker and beat subprocesses against PostgreSQL and Redis.
+
+A worker is SIGKILLed in the middle of an operation and a fresh one started: the ledger (leases,
+poll schedule in rows) must carry the operation to exactly one receipt, with one task on the server.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from django.db import connection
+
+from ledger.models import OperationEvent, OutboxEvent, TerminalReceipt
+from ledger.states import State
+from tests.peers.launch import peer_stats
+from toolops.services.servers import server_add
+from toolops.services.submit import operation_submit
+
+REPO = Path(__file__).resolve().parents[2]
+BROKER = os.environ.get("TOOLOPS_TEST_BROKER_URL", "redis://127.0.0.1:6379/15")
+
+pytestmark = [pytest.mark.fleet, pytest.mark.django_db(transaction=True)]
+
+
+def _fleet_env(tmp: Path) -> dict[str, str]:
+    db = connection.settings_dict
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "DATABASE_URL": f"postgres://{db['USER'] or 'root'}@{db['HOST'] or '127.0.0.1'}:"
+                        f"{db['PORT'] or 5432}/{db['NAME']}",
+        "CELERY_BROKER_URL": BROKER,
+        # A short lease: the killed worker's claim must expire quickly for the test to be quick.
+        "TOOLOPS_LEASE_SECONDS": "3",
+        "TOOLOPS_POLL_FLOOR_SECONDS": "0.1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "config", *args],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+
+def _kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=15)
+
+
+@pytest.fixture
+def fleet_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    assert connection.vendor == "postgresql", "the fleet test runs on PostgreSQL"
+    redis.Redis.from_url(BROKER).flushdb()  # fails (never skips) when Redis is down
+    yield _fleet_env(tmp_path)
+
+
+def _wait_for(predicate: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def test_worker_killed_mid_operation_loses_and_duplicates_nothing(
+    mcp_url: str, fleet_env: dict[str, str], tmp_path: Path
+) -> None:
+    server = server_add(name="fleet", url=mcp_url)
+    t0 = time.monotonic()
+    op = operation_submit(server_name="fleet", tool_name="sleep_then_complete",
+                          call_node_id="fleet-node", arguments={"seconds": 4, "value": "ok"},
+                          ttl_ms=120_000)
+    assert op.state == State.WORKING
+    worker_args = ["worker", "--concurrency", "1", "--pool", "prefork", "--without-gossip",
+                   "--without-mingle", "-l", "info"]
+    beat = _start(["beat", "-s", str(tmp_path / "beat-schedule"), "-l", "info"], fleet_env,
+                  tmp_path / "beat.log")
+    first = _start([*worker_args, "-n", "first@%h"], fleet_env, tmp_path / "worker1.log")
+    second = None
+    try:
+        _wait_for(lambda: OperationEvent.objects.filter(operation=op, kind="observed").exists(),
+                  45, "the first worker to poll the operation")
+        _kill(first)  # SIGKILL: no shutdown, no acks, leases left behind
+        assert not TerminalReceipt.objects.filter(operation=op).exists()
+        second = _start([*worker_args, "-n", "second@%h"], fleet_env, tmp_path / "worker2.log")
+        _wait_for(lambda: TerminalReceipt.objects.filter(operation=op).exists(), 60,
+                  "the second worker to accept the operation")
+        elapsed = time.monotonic() - t0
+    finally:
+        for proc in (first, second, beat):
+            if proc is not None:
+                _kill(proc, signal.SIGTERM) if proc.poll() is None else None
+        for log in sorted(tmp_path.glob("*.log")):
+            sys.stderr.write(f"--- {log.name} (tail) ---\n{log.read_text()[-1500:]}\n")
+
+    op.refresh_from_db()
+    assert op.state == State.ACCEPTED
+    assert TerminalReceipt.objects.filter(call_node_id="fleet-node").count() == 1
+    assert OutboxEvent.objects.filter(receipt__operation=op).count() == 1
+    assert peer_stats(mcp_url)["submission_keys"][op.submission_key] == 1
+    assert server.operations.count() == 1
+    print(f"\nfleet: submit -> ACCEPTED in {elapsed:.2f}s with one worker SIGKILLed mid-run")
