@@ -11,8 +11,8 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from email.utils import format_datetime
 from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from typing import Any
 
 import httpx
@@ -33,6 +33,7 @@ from adapters import (
     adapter_for,
 )
 from adapters.jsonrpc import SseParser, parse_retry_after
+from adapters.mcp_tasks_2025 import close_input_streams
 
 URL = "http://peer.test/mcp"
 SID = "session-1"
@@ -50,8 +51,10 @@ RELATED = {"io.modelcontextprotocol/related-task": {"taskId": TASK_ID}}
 
 @pytest.fixture(autouse=True)
 def _fresh_adapters() -> Iterator[None]:
-    """Overrides the repo-wide fixture of this name: these tests need no Django."""
+    """Overrides the repo-wide fixture of this name: these tests need no Django.
+    Input streams are process-wide by design; drop them so tests stay independent."""
     yield
+    close_input_streams()
 
 
 Handler = Callable[[dict[str, Any], httpx.Request], httpx.Response]
@@ -94,7 +97,9 @@ def err(body: dict[str, Any], code: int, message: str = "nope") -> dict[str, Any
     return {"jsonrpc": "2.0", "id": body["id"], "error": {"code": code, "message": message}}
 
 
-def make(handler: Handler, *, session_id: str | None = SID, **kw: Any) -> tuple[McpTasks2025Adapter, FakePeer]:
+def make(
+    handler: Handler, *, session_id: str | None = SID, **kw: Any
+) -> tuple[McpTasks2025Adapter, FakePeer]:
     peer = FakePeer(handler)
     adapter = McpTasks2025Adapter(url=URL, session_id=session_id, transport=httpx.MockTransport(peer), **kw)
     return adapter, peer
@@ -105,7 +110,7 @@ def make(handler: Handler, *, session_id: str | None = SID, **kw: Any) -> tuple[
 
 def test_sse_parser_handles_split_chunks_crlf_comments_and_multiline_data() -> None:
     parser = SseParser()
-    stream = b": ping - 2026\r\nevent: message\r\ndata: {\"a\":\r\ndata: 1}\r\n\r\nid: 7\ndata: x\n\n"
+    stream = b': ping - 2026\r\nevent: message\r\ndata: {"a":\r\ndata: 1}\r\n\r\nid: 7\ndata: x\n\n'
     events = []
     for i in range(len(stream)):  # worst case: one byte at a time
         events += parser.feed(stream[i : i + 1])
@@ -115,7 +120,12 @@ def test_sse_parser_handles_split_chunks_crlf_comments_and_multiline_data() -> N
 def test_json_reply_is_parsed_and_validated() -> None:
     adapter, peer = make(lambda b, r: httpx.Response(200, json=ok(b, TASK)))
     task = adapter.get(remote_id=TASK_ID)
-    assert (task.remote_id, task.status, task.poll_interval_ms, task.ttl_ms) == (TASK_ID, "working", 500, 60000)
+    assert (task.remote_id, task.status, task.poll_interval_ms, task.ttl_ms) == (
+        TASK_ID,
+        "working",
+        500,
+        60000,
+    )
     assert task.raw == TASK
 
 
@@ -169,7 +179,11 @@ def test_every_request_after_initialize_carries_session_version_and_accept() -> 
 
 def test_negotiate_refuses_another_protocol_version() -> None:
     def handler(body: dict[str, Any], request: httpx.Request) -> httpx.Response:
-        result = {"protocolVersion": "2025-06-18", "capabilities": {}, "serverInfo": {"name": "old", "version": "0"}}
+        result = {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "serverInfo": {"name": "old", "version": "0"},
+        }
         return httpx.Response(200, json=ok(body, result), headers={"Mcp-Session-Id": "s"})
 
     adapter, peer = make(handler, session_id=None)
@@ -184,18 +198,24 @@ def test_negotiate_refuses_another_protocol_version() -> None:
 @pytest.mark.parametrize(
     "respond",
     [
-        lambda b: httpx.Response(200, headers={"content-type": "application/json"}, content=b'{"jsonrpc": "2.0", "id"'),
+        lambda b: httpx.Response(
+            200, headers={"content-type": "application/json"}, content=b'{"jsonrpc": "2.0", "id"'
+        ),
         lambda b: sse_response('event: message\ndata: {"jsonrpc": \n\n'),
         lambda b: httpx.Response(200, json={"jsonrpc": "1.0", "id": b["id"], "result": TASK}),
         lambda b: httpx.Response(200, json={"jsonrpc": "2.0", "id": b["id"]}),
         lambda b: httpx.Response(200, json=[ok(b, TASK)]),
         lambda b: httpx.Response(200, headers={"content-type": "text/html"}, content=b"<html/>"),
-        lambda b: httpx.Response(200, json={"jsonrpc": "2.0", "id": b["id"], "result": {**TASK, "status": "done"}}),
+        lambda b: httpx.Response(
+            200, json={"jsonrpc": "2.0", "id": b["id"], "result": {**TASK, "status": "done"}}
+        ),
         lambda b: httpx.Response(200, json=ok(b, {**TASK, "taskId": "someone-else"})),
     ],
     ids=["cut-json", "cut-sse-json", "jsonrpc-1.0", "no-result", "batch", "html", "bad-status", "other-task"],
 )
-def test_malformed_or_foreign_replies_are_protocol_violations(respond: Callable[[dict[str, Any]], Any]) -> None:
+def test_malformed_or_foreign_replies_are_protocol_violations(
+    respond: Callable[[dict[str, Any]], Any],
+) -> None:
     adapter, _ = make(lambda b, r: respond(b))
     with pytest.raises(ProtocolViolationError):
         adapter.get(remote_id=TASK_ID)
@@ -215,7 +235,9 @@ def test_response_with_another_id_is_a_protocol_violation(framing: str) -> None:
 
 def test_oversized_bodies_are_refused() -> None:
     big = {"pad": "x" * 5000}
-    adapter, _ = make(lambda b, r: httpx.Response(200, json=ok(b, {**TASK, "_meta": big})), max_response_bytes=1000)
+    adapter, _ = make(
+        lambda b, r: httpx.Response(200, json=ok(b, {**TASK, "_meta": big})), max_response_bytes=1000
+    )
     with pytest.raises(ProtocolViolationError, match="size limit"):
         adapter.get(remote_id=TASK_ID)
 
@@ -281,7 +303,11 @@ def test_5xx_without_body_is_transient_for_reads_but_lost_for_submissions() -> N
 
 
 def test_404_on_a_session_is_session_lost() -> None:
-    body404 = {"jsonrpc": "2.0", "id": "server-error", "error": {"code": -32600, "message": "Session not found"}}
+    body404 = {
+        "jsonrpc": "2.0",
+        "id": "server-error",
+        "error": {"code": -32600, "message": "Session not found"},
+    }
     adapter, _ = make(lambda b, r: httpx.Response(404, json=body404))
     with pytest.raises(SessionLostError) as info:
         adapter.get(remote_id=TASK_ID)
@@ -314,7 +340,9 @@ def test_http_error_with_json_rpc_body_is_classified_by_code() -> None:
         (httpx.WriteError("broken pipe"), LostResponseError, LostResponseError),
     ],
 )
-def test_transport_failures(exc: Exception, submit_error: type[Exception], read_error: type[Exception]) -> None:
+def test_transport_failures(
+    exc: Exception, submit_error: type[Exception], read_error: type[Exception]
+) -> None:
     def handler(body: dict[str, Any], request: httpx.Request) -> httpx.Response:
         raise exc
 
@@ -414,7 +442,10 @@ def test_submit_refuses_a_forbidden_tool_without_sending() -> None:
         ]
     }
     adapter, peer = make(lambda b, r: sse_response(ok(b, tools)))
-    assert [(t.name, t.task_support) for t in adapter.list_tools()] == [("plain", "forbidden"), ("long", "required")]
+    assert [(t.name, t.task_support) for t in adapter.list_tools()] == [
+        ("plain", "forbidden"),
+        ("long", "required"),
+    ]
     with pytest.raises(TaskNotSupportedError):
         adapter.submit(tool="plain", arguments={}, ttl_ms=None, submission_key="k")
     assert peer.methods == ["tools/list"]
@@ -422,7 +453,9 @@ def test_submit_refuses_a_forbidden_tool_without_sending() -> None:
 
 def test_answer_input_posts_a_tagged_response() -> None:
     adapter, peer = make(lambda b, r: httpx.Response(202))
-    adapter.answer_input(request_id=5, result={"action": "accept", "content": {"value": "x"}}, remote_id=TASK_ID)
+    adapter.answer_input(
+        request_id=5, result={"action": "accept", "content": {"value": "x"}}, remote_id=TASK_ID
+    )
     body = peer.requests[0][0]
     assert body == {
         "jsonrpc": "2.0",
@@ -457,10 +490,16 @@ def _elicit(request_id: str, task_id: str = TASK_ID) -> dict[str, Any]:
 
 def test_read_input_returns_after_a_short_grace_and_never_past_wait_s() -> None:
     release = threading.Event()
-    steps = [(0.05, sse(_elicit("e1"))), (0.05, sse(_elicit("e9", task_id="other"))), (0.05, sse(_elicit("e2")))]
+    steps = [
+        (0.05, sse(_elicit("e1"))),
+        (0.05, sse(_elicit("e9", task_id="other"))),
+        (0.05, sse(_elicit("e2"))),
+    ]
 
     def handler(body: dict[str, Any], request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=SlowStream(steps, release))
+        return httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, stream=SlowStream(steps, release)
+        )
 
     adapter, _ = make(handler)
     try:

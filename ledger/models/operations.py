@@ -1,4 +1,4 @@
-"""Ledger models: `toolOperation.v1` and the rows beside it (design.md section 3)."""
+"""`toolOperation.v1` (design.md section 3) and its append-only event series."""
 
 from __future__ import annotations
 
@@ -7,41 +7,8 @@ import uuid
 from django.db import models
 from django.db.models import Q
 
+from ledger.models.servers import ToolServer
 from ledger.states import State, TerminalStatus
-
-
-class ToolServer(models.Model):
-    """A remote tool server and what negotiation with it established."""
-
-    class Status(models.TextChoices):
-        ENABLED = "enabled"
-        DRAINING = "draining"  # no new submissions; in-flight rows go on to their receipts
-        DISABLED = "disabled"
-
-    name = models.SlugField(max_length=100, unique=True)
-    url = models.URLField(max_length=500)
-    adapter_version = models.CharField(max_length=64)
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ENABLED)
-    protocol_version = models.CharField(max_length=32, blank=True)
-    capabilities = models.JSONField(default=dict, blank=True)
-    server_info = models.JSONField(default=dict, blank=True)
-    # The persisted MCP session: SDK servers bind tasks to it, so every worker must reuse it.
-    session_id = models.CharField(max_length=200, blank=True)
-    # name -> {"task_support": ..., "descriptor_digest": ..., "descriptor": {...}}
-    tools = models.JSONField(default=dict, blank=True)
-    # name -> seconds: the synchronous upper bound published for tools without task support.
-    sync_bounds = models.JSONField(default=dict, blank=True)
-    max_qps = models.FloatField(default=10.0)
-    negotiated_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        constraints = [
-            models.CheckConstraint(condition=Q(max_qps__gt=0), name="toolserver_qps_positive"),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.adapter_version})"
 
 
 class Operation(models.Model):
@@ -125,51 +92,3 @@ class OperationEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.operation_id}#{self.seq} {self.kind}"
-
-
-class TerminalReceipt(models.Model):
-    """The one accepted terminal state of a call node (per execution epoch)."""
-
-    operation = models.OneToOneField(Operation, on_delete=models.PROTECT, related_name="receipt")
-    call_node_id = models.CharField(max_length=200)
-    execution_epoch = models.PositiveIntegerField()
-    terminal_status = models.CharField(max_length=16, choices=TerminalStatus.choices)
-    request_digest = models.CharField(max_length=80)
-    remote_id = models.CharField(max_length=300, blank=True)
-    descriptor_version = models.CharField(max_length=80)
-    cancel_generation = models.PositiveIntegerField()
-    result_digest = models.CharField(max_length=80, blank=True)
-    # The success or error payload; never set for `cancelled` (a late result is audit-only).
-    payload = models.JSONField(null=True, blank=True)
-    audit = models.JSONField(default=dict, blank=True)
-    accepted_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(
-                fields=["call_node_id", "execution_epoch"], name="receipt_one_per_call_node_epoch"
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"receipt {self.call_node_id} {self.terminal_status}"
-
-
-class OutboxEvent(models.Model):
-    """What downstream code reads. Exactly one per receipt, written in the acceptance transaction."""
-
-    receipt = models.OneToOneField(TerminalReceipt, on_delete=models.PROTECT, related_name="outbox")
-    topic = models.CharField(max_length=64, default="operation.terminal")
-    payload = models.JSONField(default=dict)
-    created_at = models.DateTimeField(auto_now_add=True)
-    published_at = models.DateTimeField(null=True, blank=True)
-    attempts = models.PositiveIntegerField(default=0)
-
-    class Meta:
-        indexes = [
-            models.Index(fields=["created_at"], name="outbox_unpublished_idx",
-                         condition=Q(published_at__isnull=True)),
-        ]
-
-    def __str__(self) -> str:
-        return f"outbox {self.topic} for receipt {self.receipt_id}"

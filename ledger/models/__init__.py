@@ -1,0 +1,18 @@
+"""Ledger models, one module per subdomain."""
+
+from ledger.models.inputs import InputRequest
+from ledger.models.operations import Operation, OperationEvent
+from ledger.models.receipts import OutboxEvent, TerminalReceipt
+from ledger.models.reconciliation import EffectReconciliation, ReconciliationItem
+from ledger.models.servers import ToolServer
+
+__all__ = [
+    "EffectReconciliation",
+    "InputRequest",
+    "Operation",
+    "OperationEvent",
+    "OutboxEvent",
+    "ReconciliationItem",
+    "TerminalReceipt",
+    "ToolServer",
+]
