@@ -23,7 +23,7 @@ from adapters.errors import (
     TaskNotSupportedError,
     TransientError,
 )
-from adapters.mcp_tasks_2025 import McpTasks2025Adapter
+from adapters.mcp_tasks_2025 import McpTasks2025Adapter, close_input_streams
 from adapters.registry import ADAPTER_VERSIONS, adapter_for
 
 __all__ = [
@@ -46,4 +46,5 @@ __all__ = [
     "ToolDescriptor",
     "TransientError",
     "adapter_for",
+    "close_input_streams",
 ]

@@ -11,13 +11,16 @@ to the caller unclassified: what a code means depends on the method (section 5.3
 from __future__ import annotations
 
 import codecs
+import contextlib
+import dataclasses
 import email.utils
 import json
 import queue
 import secrets
 import socket
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -37,8 +40,9 @@ from adapters.errors import (
 ACCEPT = "application/json, text/event-stream"
 SESSION_HEADER = "Mcp-Session-Id"
 # How long an input stream may sit silent before we give it up. Long on purpose: a live
-# tasks/result stream is the only channel a Shape A server delivers follow-up input on.
-STREAM_IDLE_TIMEOUT_S = 300.0
+# tasks/result stream is the only channel a Shape A server delivers follow-up input on,
+# and a task may work for a long time between two input rounds.
+STREAM_IDLE_TIMEOUT_S = 3600.0
 
 Message = dict[str, Any]
 
@@ -47,7 +51,6 @@ Message = dict[str, Any]
 class RpcReply:
     """The response to one request, with its JSON-RPC error left for the caller to classify."""
 
-    request_id: str
     method: str
     message: Message  # the response envelope verbatim
     result: dict[str, Any] | None
@@ -74,6 +77,11 @@ def parse_retry_after(value: str | None) -> float | None:
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
+def validation_detail(exc: pydantic.ValidationError) -> dict[str, Any]:
+    """Where and why a body failed its schema; never the offending values themselves."""
+    return {"errors": [{"loc": list(e["loc"]), "type": e["type"]} for e in exc.errors()[:5]]}
+
+
 def message_kind(message: Any) -> str:
     """'request' | 'notification' | 'response' | 'error', validated with mcp-types' envelopes."""
     if not isinstance(message, dict):
@@ -94,9 +102,7 @@ def message_kind(message: Any) -> str:
     try:
         model.model_validate(message)
     except pydantic.ValidationError as exc:
-        raise ProtocolViolationError(
-            f"invalid JSON-RPC {kind}", detail={"errors": exc.errors(include_url=False, include_input=False)}
-        ) from exc
+        raise ProtocolViolationError(f"invalid JSON-RPC {kind}", detail=validation_detail(exc)) from exc
     return kind
 
 
@@ -110,6 +116,7 @@ class SseParser:
     def __init__(self) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
         self._buffer = ""
+        self._scanned = 0  # buffer prefix known to hold no line break
         self._event = ""
         self._data: list[str] = []
 
@@ -120,12 +127,15 @@ class SseParser:
             raise ProtocolViolationError("SSE stream is not UTF-8") from exc
         events: list[tuple[str, str]] = []
         while True:
-            cut = min((i for i in (self._buffer.find("\r"), self._buffer.find("\n")) if i >= 0), default=-1)
+            found = (self._buffer.find("\r", self._scanned), self._buffer.find("\n", self._scanned))
+            cut = min((i for i in found if i >= 0), default=-1)
             if cut < 0 or (self._buffer[cut] == "\r" and cut == len(self._buffer) - 1):
-                return events  # no complete line yet (a lone trailing \r may be half of \r\n)
+                # No complete line yet (a trailing \r may be half of \r\n): remember how far we looked.
+                self._scanned = len(self._buffer) if cut < 0 else cut
+                return events
             line = self._buffer[:cut]
             skip = 2 if self._buffer.startswith("\r\n", cut) else 1
-            self._buffer = self._buffer[cut + skip :]
+            self._buffer, self._scanned = self._buffer[cut + skip :], 0
             if line == "":
                 if self._data:
                     events.append((self._event or "message", "\n".join(self._data)))
@@ -148,6 +158,22 @@ def _decode_json(text: str | bytes, *, what: str) -> Any:
         return json.loads(text, parse_constant=_reject_constant)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ProtocolViolationError(f"malformed JSON in {what}") from exc
+
+
+@contextlib.contextmanager
+def _transport_errors(method: str, detail: dict[str, Any]) -> Iterator[None]:
+    """httpx failures -> taxonomy, by whether the request can have reached the server."""
+    try:
+        yield
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        # Nothing was written to a server socket: safe to retry, even for tools/call.
+        raise TransientError(f"{method}: connection failed: {type(exc).__name__}", detail=detail) from exc
+    except (httpx.UnsupportedProtocol, httpx.LocalProtocolError) as exc:
+        raise AdapterError(f"{method}: request could not be sent: {exc}", detail=detail) from exc
+    except (httpx.TimeoutException, httpx.TransportError) as exc:
+        raise LostResponseError(
+            f"{method}: sent, but no answer was read: {type(exc).__name__}", detail=detail
+        ) from exc
 
 
 class JsonRpcClient:
@@ -198,23 +224,25 @@ class JsonRpcClient:
     def _request_headers(self) -> dict[str, str]:
         return {"Accept": ACCEPT, "Content-Type": "application/json", **self.headers}
 
-    def _session_bound(self) -> bool:
-        return any(k.lower() == SESSION_HEADER.lower() for k in self.headers)
-
     def call(
         self, *, method: str, params: dict[str, Any], timeout_s: float | None = None, creates: bool = False
     ) -> RpcReply:
-        """Send a request and return its response; server messages seen meanwhile are in `others`."""
+        """Send a request and return its response; server messages seen meanwhile are in `others`.
+
+        `timeout_s` bounds the whole exchange: httpx's timeouts are per read, and an SSE
+        reply that trickles keep-alives would otherwise never time out."""
         others: list[Message] = []
-        return self.exchange(
+        budget = timeout_s if timeout_s is not None else self.timeout_s
+        reply = self.exchange(
             method=method,
             params=params,
             request_id=self.new_id(),
-            timeout=httpx.Timeout(timeout_s if timeout_s is not None else self.timeout_s),
+            timeout=httpx.Timeout(budget),
             creates=creates,
             on_message=others.append,
-            others=others,
+            deadline=time.monotonic() + budget,
         )
+        return dataclasses.replace(reply, others=tuple(others))
 
     def exchange(
         self,
@@ -225,12 +253,12 @@ class JsonRpcClient:
         timeout: httpx.Timeout,
         creates: bool,
         on_message: Callable[[Message], None],
-        others: list[Message] | None = None,
         on_open: Callable[[httpx.Response], None] | None = None,
+        deadline: float | None = None,
     ) -> RpcReply:
         body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
         detail: dict[str, Any] = {"method": method, "request_id": request_id}
-        try:
+        with _transport_errors(method, detail):
             with self._client.stream(
                 "POST", self.url, json=body, headers=self._request_headers(), timeout=timeout
             ) as response:
@@ -244,27 +272,14 @@ class JsonRpcClient:
                     detail=detail,
                     creates=creates,
                     on_message=on_message,
-                    others=others if others is not None else [],
+                    deadline=deadline,
                 )
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            # Nothing was written to a server socket: safe to retry, even for tools/call.
-            raise TransientError(f"{method}: connection failed: {type(exc).__name__}", detail=detail) from exc
-        except (httpx.UnsupportedProtocol, httpx.LocalProtocolError) as exc:
-            raise AdapterError(f"{method}: request could not be sent: {exc}", detail=detail) from exc
-        except (httpx.TimeoutException, httpx.TransportError) as exc:
-            raise LostResponseError(
-                f"{method}: sent, but no answer was read: {type(exc).__name__}", detail=detail
-            ) from exc
 
     def post_message(self, *, message: Message, what: str) -> None:
         """POST a notification or a response to a server request; the server answers 202."""
         detail: dict[str, Any] = {"method": what}
-        try:
+        with _transport_errors(what, detail):
             response = self._client.post(self.url, json=message, headers=self._request_headers())
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            raise TransientError(f"{what}: connection failed: {type(exc).__name__}", detail=detail) from exc
-        except (httpx.TimeoutException, httpx.TransportError) as exc:
-            raise LostResponseError(f"{what}: sent, but no answer was read", detail=detail) from exc
         detail["http_status"] = response.status_code
         if response.status_code in (200, 202, 204):
             return
@@ -272,19 +287,25 @@ class JsonRpcClient:
         raise AdapterError(f"{what}: HTTP {response.status_code}", detail=detail)
 
     def _best_effort_error(self, response: httpx.Response) -> dict[str, Any] | None:
-        """The JSON-RPC error in an HTTP error reply, if there is one (only for `detail`)."""
+        """The JSON-RPC error in an HTTP error reply, if it has one within the size limit."""
         try:
-            raw = response.read()
-        except httpx.HTTPError:
-            return None
-        if len(raw) > self.max_response_bytes or not raw.lstrip().startswith(b"{"):
-            return None
-        try:
-            parsed = _decode_json(raw, what="error body")
-        except ProtocolViolationError:
+            raw = b"".join(self._body_chunks(response, detail={}))
+            parsed = _decode_json(raw, what="error body") if raw.lstrip().startswith(b"{") else None
+        except (httpx.HTTPError, ProtocolViolationError):
             return None
         error = parsed.get("error") if isinstance(parsed, dict) else None
         return error if isinstance(error, dict) else None
+
+    def _body_chunks(self, response: httpx.Response, *, detail: dict[str, Any]) -> Iterator[bytes]:
+        length = response.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_response_bytes:
+            raise ProtocolViolationError("response body over the size limit", detail=detail)
+        seen = 0
+        for chunk in response.iter_bytes():
+            seen += len(chunk)
+            if seen > self.max_response_bytes:
+                raise ProtocolViolationError("response body over the size limit", detail=detail)
+            yield chunk
 
     def _raise_for_status(
         self, response: httpx.Response, *, detail: dict[str, Any], creates: bool, body: dict[str, Any] | None
@@ -293,7 +314,7 @@ class JsonRpcClient:
         status = response.status_code
         if body is not None:
             detail.update(jsonrpc_code=body.get("code"), jsonrpc_message=body.get("message"))
-        if status == 404 and self._session_bound():
+        if status == 404 and any(k.lower() == SESSION_HEADER.lower() for k in self.headers):
             raise SessionLostError("MCP session is gone (HTTP 404)", detail=detail)
         if status in (429, 503):
             retry_after = parse_retry_after(response.headers.get("retry-after"))
@@ -302,10 +323,9 @@ class JsonRpcClient:
                 f"server asked to retry later (HTTP {status})", detail=detail, retry_after=retry_after
             )
         if status >= 500 and body is None:
-            if creates:
-                # A 500/502/504 may come after the server acted on the request.
-                raise LostResponseError(f"HTTP {status} without a JSON-RPC answer", detail=detail)
-            raise TransientError(f"HTTP {status} without a JSON-RPC answer", detail=detail)
+            # For a creating call a 500/502/504 may come after the server acted on it.
+            cls = LostResponseError if creates else TransientError
+            raise cls(f"HTTP {status} without a JSON-RPC answer", detail=detail)
 
     def _read_reply(
         self,
@@ -316,45 +336,35 @@ class JsonRpcClient:
         detail: dict[str, Any],
         creates: bool,
         on_message: Callable[[Message], None],
-        others: list[Message],
+        deadline: float | None,
     ) -> RpcReply:
         status = response.status_code
         if status >= 400 or status in (204, 202):
             error = self._best_effort_error(response) if status >= 400 else None
             self._raise_for_status(response, detail=detail, creates=creates, body=error)
-            if error is not None:
-                # e.g. 400 "Missing session ID": mcp 1.30 answers with id "server-error", so
-                # an HTTP error reply's JSON-RPC error is ours whatever its id says.
-                message = {"jsonrpc": "2.0", "id": request_id, "error": error}
-                return self._reply(request_id, method, message, response, others)
-            raise AdapterError(f"{method}: HTTP {status} without a JSON-RPC answer", detail=detail)
-        length = response.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_response_bytes:
-            raise ProtocolViolationError("response body over the size limit", detail=detail)
+            if error is None:
+                raise AdapterError(f"{method}: HTTP {status} without a JSON-RPC answer", detail=detail)
+            # e.g. 400 "Missing session ID": mcp 1.30 answers with id "server-error", so an
+            # HTTP error reply's JSON-RPC error is ours whatever its id says.
+            return self._reply(method, {"jsonrpc": "2.0", "id": request_id, "error": error}, response)
         content_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type == "application/json":
-            raw = bytearray()
-            for chunk in response.iter_bytes():
-                raw += chunk
-                if len(raw) > self.max_response_bytes:
-                    raise ProtocolViolationError("response body over the size limit", detail=detail)
-            message = _decode_json(bytes(raw), what=f"{method} response")
+            message = _decode_json(b"".join(self._body_chunks(response, detail=detail)), what=method)
             if self._is_our_response(message, request_id, detail=detail):
-                return self._reply(request_id, method, message, response, others)
+                return self._reply(method, message, response)
             raise ProtocolViolationError(f"{method}: JSON reply is not a response", detail=detail)
         if content_type != "text/event-stream":
             raise ProtocolViolationError(f"{method}: unexpected content type {content_type!r}", detail=detail)
-        parser, seen = SseParser(), 0
-        for chunk in response.iter_bytes():
-            seen += len(chunk)
-            if seen > self.max_response_bytes:
-                raise ProtocolViolationError("SSE stream over the size limit", detail=detail)
+        parser = SseParser()
+        for chunk in self._body_chunks(response, detail=detail):
+            if deadline is not None and time.monotonic() > deadline:
+                raise LostResponseError(f"{method}: no response within the time budget", detail=detail)
             for event, data in parser.feed(chunk):
                 if event != "message":
                     continue
                 message = _decode_json(data, what=f"{method} SSE event")
                 if self._is_our_response(message, request_id, detail=detail):
-                    return self._reply(request_id, method, message, response, others)
+                    return self._reply(method, message, response)
                 on_message(message)
         # Clean end of stream before our response (truncated or dropped by the server).
         raise LostResponseError(f"{method}: stream ended before the response", detail=detail)
@@ -366,23 +376,19 @@ class JsonRpcClient:
             return False
         if message.get("id") == request_id or (kind == "error" and message.get("id") is None):
             return True
-        raise ProtocolViolationError(
-            "response carries another JSON-RPC id", detail={**detail, "got_id": str(message.get("id"))[:80]}
-        )
+        got = str(message.get("id"))[:80]
+        raise ProtocolViolationError("response carries another JSON-RPC id", detail={**detail, "got_id": got})
 
     @staticmethod
-    def _reply(
-        request_id: str, method: str, message: Message, response: httpx.Response, others: list[Message]
-    ) -> RpcReply:
+    def _reply(method: str, message: Message, response: httpx.Response) -> RpcReply:
         return RpcReply(
-            request_id=request_id,
             method=method,
             message=message,
             result=message.get("result"),
             error=message.get("error"),
             http_status=response.status_code,
             session_id=response.headers.get(SESSION_HEADER),
-            others=tuple(others),
+            others=(),
         )
 
 
@@ -458,6 +464,7 @@ class MessageStream:
 
     @property
     def reading(self) -> bool:
+        """The reader thread is still alive (tests check that close() really stops it)."""
         return self._thread.is_alive()
 
     def close(self) -> None:

@@ -15,9 +15,11 @@ shape the code:
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import httpx
@@ -37,6 +39,7 @@ from adapters.base import (
 from adapters.errors import (
     AdapterError,
     AlreadyTerminalError,
+    LostResponseError,
     NotFoundError,
     ProtocolViolationError,
     TaskNotSupportedError,
@@ -50,6 +53,7 @@ from adapters.jsonrpc import (
     RpcReply,
     StreamEnd,
     message_kind,
+    validation_detail,
 )
 
 PROTOCOL_VERSION = "2025-11-25"
@@ -84,9 +88,8 @@ def _validate(model: type[M], data: Any, *, what: str) -> M:
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as exc:
-        errors = [{"loc": list(e["loc"]), "type": e["type"], "msg": e["msg"]} for e in exc.errors()[:5]]
         raise ProtocolViolationError(
-            f"{what} does not match the 2025-11-25 schema", detail={"errors": errors}
+            f"{what} does not match the 2025-11-25 schema", detail=validation_detail(exc)
         ) from exc
 
 
@@ -139,6 +142,18 @@ def _rpc_error(
         rpc.INVALID_REQUEST: invalid_request,
     }.get(code if isinstance(code, int) else 0, AdapterError)
     return cls(text, detail=detail)
+
+
+@contextlib.contextmanager
+def _maybe_created(tool: str) -> Iterator[None]:
+    """A tools/call reply we cannot read (garbled, foreign id, schema-invalid, oversized)
+    still means the server got the call and may have created a task or run the tool.
+    Report it as a lost response so it is reconciled, never resent as if nothing happened."""
+    try:
+        yield
+    except ProtocolViolationError as exc:
+        detail = {**exc.detail, "tool": tool, "protocol_violation": True}
+        raise LostResponseError(f"tools/call: unreadable reply: {exc}", detail=detail) from exc
 
 
 def _server_request(message: Message) -> ServerRequest:
@@ -312,33 +327,35 @@ class McpTasks2025Adapter:
             "task": {"ttl": ttl_ms} if ttl_ms is not None else {},
             "_meta": {SUBMISSION_KEY_META: submission_key},
         }
-        reply = self._rpc.call(method="tools/call", params=params, creates=True)
-        self._keep_server_messages(reply.others)
-        if reply.error is not None:
-            # Task-mode mismatch: -32601 MUST, -32600 MAY (the spec contradicts itself).
-            raise _rpc_error(
-                reply, method_not_found=TaskNotSupportedError, invalid_request=TaskNotSupportedError
-            )
-        result = reply.result or {}
-        if "task" in result:
-            # mcp-types types tools/call as CallToolResult only: parse the create reply explicitly.
-            _validate(wire.CreateTaskResult, result, what="create-task result")
-            task = _remote_task(result["task"], model=wire.Task, expect_id=None)
-            return SubmitOutcome(task=task, sync_result=None, raw=result)
-        sync = self._tool_result(reply.message, allow_empty=False, remote_id=None)
-        return SubmitOutcome(task=None, sync_result=sync, raw=result)
+        with _maybe_created(tool):
+            reply = self._rpc.call(method="tools/call", params=params, creates=True)
+            self._keep_server_messages(reply.others)
+            if reply.error is not None:
+                # Task-mode mismatch: -32601 MUST, -32600 MAY (the spec contradicts itself).
+                raise _rpc_error(
+                    reply, method_not_found=TaskNotSupportedError, invalid_request=TaskNotSupportedError
+                )
+            result = reply.result or {}
+            if "task" in result:
+                # mcp-types types tools/call as CallToolResult only: parse the create reply here.
+                _validate(wire.CreateTaskResult, result, what="create-task result")
+                task = _remote_task(result["task"], model=wire.Task, expect_id=None)
+                return SubmitOutcome(task=task, sync_result=None, raw=result)
+            sync = self._tool_result(reply.message, allow_empty=False, remote_id=None)
+            return SubmitOutcome(task=None, sync_result=sync, raw=result)
 
     def call_sync(
         self, *, tool: str, arguments: dict[str, Any], timeout_s: float, submission_key: str
     ) -> FetchedResult:
         params = {"name": tool, "arguments": arguments, "_meta": {SUBMISSION_KEY_META: submission_key}}
-        reply = self._rpc.call(method="tools/call", params=params, timeout_s=timeout_s, creates=True)
-        self._keep_server_messages(reply.others)
-        if reply.error is not None:
-            if reply.error.get("code") == rpc.INTERNAL_ERROR:
-                raise _rpc_error(reply)
-            return self._error_result(reply)  # the call's own outcome, as tools/call returned it
-        return self._tool_result(reply.message, allow_empty=False, remote_id=None)
+        with _maybe_created(tool):
+            reply = self._rpc.call(method="tools/call", params=params, timeout_s=timeout_s, creates=True)
+            self._keep_server_messages(reply.others)
+            if reply.error is not None:
+                if reply.error.get("code") == rpc.INTERNAL_ERROR:
+                    raise _rpc_error(reply)
+                return self._error_result(reply)  # the call's own outcome, as tools/call returned it
+            return self._tool_result(reply.message, allow_empty=False, remote_id=None)
 
     # -- tasks ---------------------------------------------------------------------------
 
@@ -367,7 +384,7 @@ class McpTasks2025Adapter:
         deadline = time.monotonic() + wait_s
         collected = [r for r in self.pending_server_requests if self._is_input_for(r, remote_id)]
         self.pending_server_requests = [r for r in self.pending_server_requests if r not in collected]
-        stream = self._input_stream(remote_id)
+        stream, fresh = self._input_stream(remote_id)
         result: FetchedResult | None = None
         while (remaining := deadline - time.monotonic()) > 0:
             item = stream.next_item(timeout_s=min(remaining, INPUT_GRACE_S) if collected else remaining)
@@ -376,13 +393,18 @@ class McpTasks2025Adapter:
                     break  # the grace passed without another request
                 continue
             if isinstance(item, StreamEnd):
-                self._drop_stream(remote_id, close=False)
+                self._drop_stream(remote_id, only=stream)
+                if isinstance(item.error, LostResponseError) and not fresh and not collected:
+                    # A stream kept from an earlier call died meanwhile (idle, restart): that is
+                    # no news for this call, so open one new stream and keep waiting.
+                    stream, fresh = self._input_stream(remote_id)
+                    continue
                 try:
                     result = self._stream_outcome(item, remote_id=remote_id)
                 except AdapterError:
                     if not collected:
                         raise
-                    # The requests already read must reach the caller; the next read re-raises.
+                    # Hand over what was read; the stream is gone, the next read opens a new one.
                 break
             self._route_stream_message(item, remote_id=remote_id, collected=collected)
         return InputWindow(requests=tuple(collected), result=result)
@@ -432,22 +454,28 @@ class McpTasks2025Adapter:
         )
         return [_remote_task(raw, model=wire.Task, expect_id=None) for raw in raw_tasks]
 
-    def _input_stream(self, remote_id: str) -> MessageStream:
+    def _input_stream(self, remote_id: str) -> tuple[MessageStream, bool]:
+        """The task's open tasks/result stream, and whether it was opened just now."""
         key = (self._rpc.url, self._session_id, remote_id)
         with _INPUT_STREAMS_LOCK:
             stream = _INPUT_STREAMS.get(key)
-            if stream is None or stream.finished:
-                # Own client: the stream must survive this adapter's close().
-                params = {"taskId": remote_id}
-                stream = MessageStream(client=self._rpc.clone(), method="tasks/result", params=params).start()
-                _INPUT_STREAMS[key] = stream
-            return stream
+            if stream is not None and not stream.finished:
+                return stream, False
+            # Own client: the stream must survive this adapter's close().
+            params = {"taskId": remote_id}
+            stream = MessageStream(client=self._rpc.clone(), method="tasks/result", params=params).start()
+            _INPUT_STREAMS[key] = stream
+            return stream, True
 
-    def _drop_stream(self, remote_id: str, *, close: bool = True) -> None:
+    def _drop_stream(self, remote_id: str, *, only: MessageStream | None = None) -> None:
+        """Forget (and close) the task's stream; with `only`, just if it is still that one."""
+        key = (self._rpc.url, self._session_id, remote_id)
         with _INPUT_STREAMS_LOCK:
-            stream = _INPUT_STREAMS.pop((self._rpc.url, self._session_id, remote_id), None)
-        if stream is not None and close:
-            stream.close()
+            stream = _INPUT_STREAMS.get(key)
+            if stream is None or (only is not None and stream is not only):
+                return
+            del _INPUT_STREAMS[key]
+        stream.close()
 
     def close(self) -> None:
         # Input streams stay open on purpose (module docstring); they end with their task.

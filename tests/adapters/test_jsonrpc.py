@@ -221,6 +221,22 @@ def test_malformed_or_foreign_replies_are_protocol_violations(
         adapter.get(remote_id=TASK_ID)
 
 
+@pytest.mark.parametrize(
+    "result",
+    [{"task": {"taskId": 7}}, {"task": {**TASK, "status": "queued"}}, {"content": "text"}],
+    ids=["bad-task-id", "bad-status", "bad-call-result"],
+)
+def test_unreadable_tools_call_reply_is_a_lost_response(result: dict[str, Any]) -> None:
+    # The server got the call: the executor must treat it as "maybe created", not "refused".
+    adapter, _ = make(lambda b, r: sse_response(ok(b, result)))
+    with pytest.raises(LostResponseError) as info:
+        adapter.submit(tool="t", arguments={}, ttl_ms=None, submission_key="k")
+    assert isinstance(info.value.__cause__, ProtocolViolationError)
+    assert info.value.detail["protocol_violation"] is True
+    with pytest.raises(LostResponseError):
+        adapter.call_sync(tool="t", arguments={}, timeout_s=1.0, submission_key="k")
+
+
 @pytest.mark.parametrize("framing", ["json", "sse"])
 def test_response_with_another_id_is_a_protocol_violation(framing: str) -> None:
     def handler(body: dict[str, Any], request: httpx.Request) -> httpx.Response:
@@ -451,6 +467,21 @@ def test_submit_refuses_a_forbidden_tool_without_sending() -> None:
     assert peer.methods == ["tools/list"]
 
 
+def test_list_tasks_follows_cursors_and_refuses_a_loop() -> None:
+    def pages(body: dict[str, Any], request: httpx.Request) -> httpx.Response:
+        cursor = body["params"].get("cursor")
+        page = {"tasks": [{**TASK, "taskId": f"t-{cursor or 0}"}]}
+        return sse_response(ok(body, {**page, "nextCursor": "1"} if cursor is None else page))
+
+    adapter, peer = make(pages)
+    assert [t.remote_id for t in adapter.list_tasks()] == ["t-0", "t-1"]
+    assert [b["params"] for b, _ in peer.requests] == [{}, {"cursor": "1"}]
+
+    adapter, _ = make(lambda b, r: sse_response(ok(b, {"tasks": [], "nextCursor": "same"})))
+    with pytest.raises(ProtocolViolationError, match="cursor repeats"):
+        adapter.list_tasks()
+
+
 def test_answer_input_posts_a_tagged_response() -> None:
     adapter, peer = make(lambda b, r: httpx.Response(202))
     adapter.answer_input(
@@ -468,18 +499,22 @@ def test_answer_input_posts_a_tagged_response() -> None:
 
 
 class SlowStream(httpx.SyncByteStream):
-    """An SSE body that yields events with pauses and then idles until released."""
+    """An SSE body that yields events with pauses, then idles until released (or ends)."""
 
-    def __init__(self, steps: list[tuple[float, bytes]], release: threading.Event) -> None:
+    def __init__(
+        self, steps: list[tuple[float, bytes]], release: threading.Event, *, idle: bool = True
+    ) -> None:
         self.steps = steps
         self.release = release
+        self.idle = idle
 
     def __iter__(self) -> Iterator[bytes]:
         for pause, chunk in self.steps:
             if self.release.wait(pause):
                 return
             yield chunk
-        self.release.wait(30)
+        if self.idle:
+            self.release.wait(30)
 
 
 def _elicit(request_id: str, task_id: str = TASK_ID) -> dict[str, Any]:
@@ -515,6 +550,63 @@ def test_read_input_returns_after_a_short_grace_and_never_past_wait_s() -> None:
     finally:
         release.set()
         adapter.close()
+
+
+def test_read_input_reopens_a_kept_stream_that_died_meanwhile() -> None:
+    release = threading.Event()
+    opened: list[str] = []
+
+    def handler(body: dict[str, Any], request: httpx.Request) -> httpx.Response:
+        opened.append(body["method"])
+        if len(opened) == 1:  # first stream: one request, then the connection drops
+            stream = SlowStream([(0.0, sse(_elicit("e1"))), (0.6, b"")], release, idle=False)
+            return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=stream)
+        return sse_response(_elicit("e2"))
+
+    adapter, _ = make(handler)
+    try:
+        assert [r.request_id for r in adapter.read_input(remote_id=TASK_ID, wait_s=5.0).requests] == ["e1"]
+        time.sleep(0.8)  # the kept stream ends without a response while nobody reads
+        window = adapter.read_input(remote_id=TASK_ID, wait_s=5.0)
+        assert [r.request_id for r in window.requests] == ["e2"]
+        assert opened == ["tasks/result", "tasks/result"]
+    finally:
+        release.set()
+
+
+def test_read_input_raises_when_a_new_stream_fails() -> None:
+    adapter, _ = make(lambda b, r: sse_response(err(b, -32602, "Task not found")))
+    with pytest.raises(NotFoundError):
+        adapter.read_input(remote_id=TASK_ID, wait_s=2.0)
+
+
+def test_sse_parser_is_linear_in_a_long_line() -> None:
+    payload = b"data: " + b"x" * (4 * 1024 * 1024) + b"\n\n"
+    parser = SseParser()
+    started = time.monotonic()
+    events = []
+    for i in range(0, len(payload), 16384):
+        events += parser.feed(payload[i : i + 16384])
+    assert len(events) == 1 and len(events[0][1]) == 4 * 1024 * 1024
+    assert time.monotonic() - started < 2.0
+
+
+def test_a_reply_trickling_keepalives_cannot_outlive_the_call_budget() -> None:
+    release = threading.Event()
+    pings = [(0.1, b": keepalive\n\n")] * 50
+
+    def handler(body: dict[str, Any], request: httpx.Request) -> httpx.Response:
+        stream = SlowStream(pings, release, idle=False)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=stream)
+
+    adapter, _ = make(handler)
+    started = time.monotonic()
+    try:
+        with pytest.raises(LostResponseError, match="time budget"):
+            adapter.call_sync(tool="t", arguments={}, timeout_s=0.5, submission_key="k")
+        assert time.monotonic() - started < 1.5
+    finally:
+        release.set()
 
 
 def test_read_input_returns_the_final_response() -> None:

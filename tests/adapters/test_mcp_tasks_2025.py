@@ -24,7 +24,7 @@ from adapters import (
     TaskNotSupportedError,
     adapter_for,
 )
-from adapters.mcp_tasks_2025 import close_input_streams
+from adapters.mcp_tasks_2025 import _INPUT_STREAMS, close_input_streams
 from tests.peers.launch import peer_stats, running_reference_server
 
 TERMINAL = {"completed", "failed", "cancelled"}
@@ -68,9 +68,7 @@ def submit(adapter: McpTasks2025Adapter, tool: str, **arguments: Any) -> RemoteT
     return outcome.task
 
 
-def wait_for(
-    adapter: TaskAdapter, remote_id: str, statuses: set[str], timeout_s: float = 10.0
-) -> RemoteTask:
+def wait_for(adapter: TaskAdapter, remote_id: str, statuses: set[str], timeout_s: float = 10.0) -> RemoteTask:
     deadline = time.monotonic() + timeout_s
     while True:
         task = adapter.get(remote_id=remote_id)
@@ -244,13 +242,20 @@ def test_ask_input_two_rounds_across_workers(adapter: McpTasks2025Adapter) -> No
     assert fetched.payload["content"][0]["text"] == "answers: a,b"
 
 
-def test_read_input_without_input_is_bounded(adapter: McpTasks2025Adapter) -> None:
+def test_read_input_without_input_is_bounded(adapter: McpTasks2025Adapter, peer_url: str) -> None:
     task = submit(adapter, "sleep_then_complete", seconds=3, value="slow")
     started = time.monotonic()
     window = adapter.read_input(remote_id=task.remote_id, wait_s=0.5)
     assert window.requests == () and window.result is None
     assert time.monotonic() - started < 2.0
+    # The stream stays open for later rounds; cancel closes it and its reader thread ends.
+    stream = _INPUT_STREAMS[(peer_url, adapter.session_id, task.remote_id)]
+    assert stream.reading
     adapter.cancel(remote_id=task.remote_id)
+    deadline = time.monotonic() + 3.0
+    while stream.reading and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not stream.reading
 
 
 def test_cancel_working_task_then_cancel_again(adapter: McpTasks2025Adapter) -> None:
