@@ -74,5 +74,8 @@ LOGGING = {
     "loggers": {
         "toolops": {"handlers": ["console"], "level": env_str("TOOLOPS_LOG_LEVEL", "WARNING")},
         "ledger": {"handlers": ["console"], "level": env_str("TOOLOPS_LOG_LEVEL", "WARNING")},
+        # httpx logs every request URL at INFO; URLs may carry credentials, so keep it quiet.
+        "httpx": {"level": "WARNING"},
+        "httpcore": {"level": "WARNING"},
     },
 }
