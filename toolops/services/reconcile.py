@@ -189,7 +189,7 @@ def reconciliation_accept_terminal(
         )
         if keep_fetched:
             return
-        stored = {"kind": "operator_evidence", "payload": evidence,
+        stored = {"kind": "attested", "payload": evidence,
                   "is_error": terminal_status != TerminalStatus.COMPLETED,
                   "status_message": reason, "attested_by": actor}
         digest = canonical_digest(stored)
