@@ -161,7 +161,7 @@ def _race(n: int, fns: list[Callable[[], Any]]) -> tuple[list[Any], list[BaseExc
         try:
             barrier.wait()
             results.append(fn())
-        except BaseException as exc:  # noqa: BLE001 - collected for the assertions
+        except BaseException as exc:
             errors.append(exc)
         finally:
             connections.close_all()

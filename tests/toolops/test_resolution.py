@@ -28,7 +28,7 @@ from toolops.runner import run_embedded
 from toolops.services import connections
 from toolops.services.observe import operation_poll
 from toolops.services.reconcile import reconciliation_attach_remote_id
-from toolops.services.results import _stored_result, _store_result, operation_record_terminal_seen
+from toolops.services.results import _store_result, _stored_result, operation_record_terminal_seen
 from toolops.services.servers import server_add
 from toolops.services.submit import operation_submit
 
@@ -46,7 +46,8 @@ class DropToolsCall(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         body = request.read()
-        is_call = request.method == "POST" and body[:1] == b"{" and json.loads(body).get("method") == "tools/call"
+        is_call = (request.method == "POST" and body[:1] == b"{"
+                   and json.loads(body).get("method") == "tools/call")
         if is_call and self.remaining > 0:
             self.remaining -= 1
             if self.forward:
