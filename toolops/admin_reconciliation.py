@@ -81,8 +81,8 @@ Service = Callable[[ReconciliationItem, dict[str, Any], str], object]
 
 
 class ReconciliationItemAdmin(admin.ModelAdmin):
-    list_display = ("id", "operation_id", "operation_state", "reason", "deadline", "overdue",
-                    "owner", "status", "resolution", "resolved_by", "created_at")
+    list_display = ("id", "reason", "operation_state", "remote_id", "deadline", "overdue", "owner",
+                    "status", "resolution", "resolved_by")
     list_filter = (QueueFilter, "reason", "status")
     # Found by remote (task) id or by submission key, like `toolops show`.
     search_fields = ("=operation__remote_id", "=operation__submission_key", "operation__call_node_id")
@@ -109,6 +109,10 @@ class ReconciliationItemAdmin(admin.ModelAdmin):
     @admin.display(description="operation state")
     def operation_state(self, obj: ReconciliationItem) -> str:
         return obj.operation.state
+
+    @admin.display(description="remote id")
+    def remote_id(self, obj: ReconciliationItem) -> str:
+        return obj.operation.remote_id or "-"
 
     @admin.display(boolean=True, description="overdue")
     def overdue(self, obj: ReconciliationItem) -> bool:
