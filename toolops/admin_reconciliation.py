@@ -26,6 +26,7 @@ from toolops.services.reconcile import (
     reconciliation_accept_terminal,
     reconciliation_attach_remote_id,
     reconciliation_declare_never_created,
+    reconciliation_take,
 )
 
 RESOLVE_PERMISSION = "ledger.resolve_reconciliationitem"
@@ -89,7 +90,8 @@ class ReconciliationItemAdmin(admin.ModelAdmin):
     readonly_fields = ("operation", "reason", "evidence", "deadline", "owner", "status", "resolution",
                        "resolution_reason", "resolved_by", "resolved_at", "created_at")
     ordering = ("deadline",)
-    actions = ["attach_remote_id", "declare_never_created", "accept_terminal", "abandon"]
+    actions = ["take_ownership", "attach_remote_id", "declare_never_created", "accept_terminal",
+               "abandon"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ReconciliationItem]:
         return super().get_queryset(request).select_related("operation", "owner")
@@ -140,6 +142,13 @@ class ReconciliationItemAdmin(admin.ModelAdmin):
         if done:
             self.message_user(request, f"{title}: {done} item(s) resolved.", level=messages.SUCCESS)
         return None
+
+    @admin.action(description="Take ownership", permissions=["resolve"])
+    def take_ownership(self, request: HttpRequest,
+                       queryset: QuerySet[ReconciliationItem]) -> None:
+        user_id = int(request.user.pk)  # an admin action always has a logged-in user
+        taken = sum(reconciliation_take(item_id=item.id, user_id=user_id) for item in queryset)
+        self.message_user(request, f"{taken} open item(s) now owned by {request.user.get_username()}.")
 
     @admin.action(description="Attach a remote id found by hand", permissions=["resolve"])
     def attach_remote_id(self, request: HttpRequest,

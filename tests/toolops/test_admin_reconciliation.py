@@ -113,3 +113,22 @@ def test_staff_with_the_resolve_permission_can_resolve() -> None:
     item.refresh_from_db()
     assert item.status == "resolved" and item.resolved_by == "staff"
     assert Operation.objects.get(id=item.operation_id).state == State.NOT_FOUND_SAFE
+
+
+def test_take_ownership_sets_the_owner_of_open_items_only() -> None:
+    client, user = _client(perms=("view_reconciliationitem", "resolve_reconciliationitem"))
+    open_item = _open_item()
+    closed = _open_item()
+    ReconciliationItem.objects.filter(id=closed.id).update(status="resolved")
+    client.post(URL, {"action": "take_ownership", "_selected_action": [open_item.id, closed.id]})
+    assert ReconciliationItem.objects.get(id=open_item.id).owner == user
+    assert ReconciliationItem.objects.get(id=closed.id).owner is None
+
+
+def test_unknown_rows_are_found_by_remote_id_or_submission_key_in_operation_admin() -> None:
+    client, _ = _client(superuser=True)
+    unknown = OperationFactory(state=State.SUBMISSION_UNKNOWN, remote_id="")
+    gone = OperationFactory(state=State.RECONCILIATION_REQUIRED, remote_id="task-gone")
+    url = "/admin/ledger/operation/"
+    assert _ids(client.get(url, {"q": unknown.submission_key})) == {unknown.id}
+    assert _ids(client.get(url, {"q": "task-gone"})) == {gone.id}

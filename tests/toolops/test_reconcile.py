@@ -229,3 +229,13 @@ def test_cli_lists_and_resolves() -> None:
     out = StringIO()
     call_command("toolops", "reconcile", "--list", stdout=out)
     assert json.loads(out.getvalue()) == []
+
+
+@pytest.mark.django_db
+def test_show_finds_unknown_rows_by_submission_key_or_remote_id() -> None:
+    unknown = OperationFactory(state=State.SUBMISSION_UNKNOWN, remote_id="")
+    item = _open_item(remote_id="task-404")
+    for ref, expected in ((unknown.submission_key, unknown.id), ("task-404", item.operation_id)):
+        out = StringIO()
+        call_command("toolops", "show", ref, stdout=out)
+        assert json.loads(out.getvalue())["id"] == str(expected)

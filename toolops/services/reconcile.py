@@ -228,6 +228,13 @@ def reconciliation_abandon(*, item_id: int, actor: str, reason: str) -> Reconcil
                     resolution=Resolution.ABANDONED, apply=apply)
 
 
+def reconciliation_take(*, item_id: int, user_id: int) -> bool:
+    """Make a user the owner of an open item. False when the item is resolved (nothing changed)."""
+    return ReconciliationItem.objects.filter(
+        id=item_id, status=ReconciliationItem.Status.OPEN
+    ).update(owner_id=user_id) == 1
+
+
 def reconciliation_resolve(
     *, item_id: int, action: str, actor: str, reason: str, remote_id: str = "",
     terminal_status: str = "", evidence: dict[str, Any] | None = None,
