@@ -146,7 +146,8 @@ class ReconciliationItemAdmin(admin.ModelAdmin):
     @admin.action(description="Take ownership", permissions=["resolve"])
     def take_ownership(self, request: HttpRequest,
                        queryset: QuerySet[ReconciliationItem]) -> None:
-        user_id = int(request.user.pk)  # an admin action always has a logged-in user
+        user_id = request.user.pk
+        assert user_id is not None  # admin views require a logged-in user
         taken = sum(reconciliation_take(item_id=item.id, user_id=user_id) for item in queryset)
         self.message_user(request, f"{taken} open item(s) now owned by {request.user.get_username()}.")
 
