@@ -192,6 +192,8 @@ class SubmissionKeyResolution:
             )
         except (LostResponseError, TransientError):
             return None  # no answer again: still unknown, try later under the same key
+        except SessionLostError:
+            return None  # our session is gone: says nothing about the task, and ends resends
         # PROOF of presence: the server declared that one key maps to one task in this session.
         return outcome.task
 
