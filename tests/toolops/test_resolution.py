@@ -271,6 +271,7 @@ def test_404_after_expiry_without_receipt_is_unknown(mcp_url: str) -> None:
 
 def test_expired_ttl_without_terminal_state_is_unknown(mcp_url: str) -> None:
     server = server_add(name="plain", url=mcp_url)
+    before = peer_stats(mcp_url)["tasks_created"]
     op = _submit(server, "ttl-ran-out", seconds=5)
     Operation.objects.filter(id=op.id).update(expires_at=timezone.now() - timedelta(seconds=1),
                                               next_poll_at=timezone.now())
@@ -278,6 +279,7 @@ def test_expired_ttl_without_terminal_state_is_unknown(mcp_url: str) -> None:
     item = ReconciliationItem.objects.get(operation=op)
     assert item.reason == "expired_or_budget_exhausted"
     assert item.evidence["detail"]["classification"] == "UNKNOWN"
+    assert peer_stats(mcp_url)["tasks_created"] - before == 1
 
 
 def test_expired_with_receipt_proceeds_to_acceptance(mcp_url: str) -> None:
