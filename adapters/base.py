@@ -8,8 +8,25 @@ taken from what the server said, not from our parsed view of it.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
+
+# What an adapter can do to resolve a submission whose answer was lost (design.md section 5).
+# Which of them a given server allows is decided per server from its negotiated capabilities
+# (`key_resolution_modes`), since the same adapter talks to cooperating and plain servers.
+KEY_LOOKUP = "key_lookup"  # server answers "which task has this key?"; a miss fences the key: PROOF
+KEY_DEDUP_RESEND = "key_dedup_resend"  # server dedups tools/call on the key: a resend is PROOF
+LIST_SCAN = "list_scan"  # tasks/list filtered by creation time: CANDIDATES ONLY, never proof
+
+
+def session_digest(session_id: str | None) -> str:
+    """A session id is a bearer credential: the ledger keeps only this digest of it."""
+    if not session_id:
+        return ""
+    return "sha256:" + hashlib.sha256(session_id.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -73,6 +90,15 @@ class SubmitOutcome:
     raw: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class ResendRequest:
+    """The original tools/call, for a dedup resend under the SAME submission key."""
+
+    tool: str
+    arguments: dict[str, Any]
+    ttl_ms: int | None
+
+
 @runtime_checkable
 class TaskAdapter(Protocol):
     version: str
@@ -102,16 +128,48 @@ class TaskAdapter(Protocol):
 
     def list_tasks(self) -> list[RemoteTask]: ...
 
+    def key_resolution_modes(self, *, server_capabilities: Mapping[str, Any]) -> frozenset[str]:
+        """Which of KEY_LOOKUP, KEY_DEDUP_RESEND, LIST_SCAN this server allows."""
+        ...
+
+    def lookup_by_key(
+        self,
+        *,
+        submission_key: str,
+        created_after: datetime,
+        server_capabilities: Mapping[str, Any] | None = None,
+        submitted_session: str | None = None,
+        resend: ResendRequest | None = None,
+    ) -> RemoteTask | None:
+        """A returned task is PROOF that the server created it for this key (and we can reach it).
+
+        None means "no proof either way". Raises NeverCreatedError only on the server's own proof
+        that nothing exists for the key and nothing can be created for it any more, and
+        SessionLostError when the key's task exists but in a session this client no longer holds.
+        """
+        ...
+
+    def candidates_by_window(
+        self, *, created_after: datetime, created_before: datetime
+    ) -> list[RemoteTask]:
+        """Tasks created in the window (tasks/list): CANDIDATES for an operator, never proof."""
+        ...
+
     def close(self) -> None: ...
 
 
 __all__ = [
+    "KEY_DEDUP_RESEND",
+    "KEY_LOOKUP",
+    "LIST_SCAN",
     "FetchedResult",
     "InputWindow",
     "Negotiated",
     "RemoteTask",
+    "ResendRequest",
     "ServerRequest",
     "SubmitOutcome",
     "TaskAdapter",
     "ToolDescriptor",
+    "session_digest",
 ]

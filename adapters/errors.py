@@ -38,6 +38,12 @@ class SessionLostError(NotFoundError):
     """HTTP 404 on a request that carried Mcp-Session-Id: every task in it is unreachable."""
 
 
+class NeverCreatedError(NotFoundError):
+    """Proof, from the server itself, that no task exists for a submission key and none can be
+    created for it any more (the server fenced the key). The only NotFoundError that licenses a
+    new attempt for the call node."""
+
+
 class AlreadyTerminalError(AdapterError):
     """-32602 in answer to tasks/cancel: the task had already ended (only classified so in cancel)."""
 
@@ -60,6 +66,7 @@ __all__ = [
     "AdapterError",
     "AlreadyTerminalError",
     "LostResponseError",
+    "NeverCreatedError",
     "NotFoundError",
     "ProtocolViolationError",
     "SessionLostError",

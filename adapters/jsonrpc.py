@@ -275,6 +275,18 @@ class JsonRpcClient:
                     deadline=deadline,
                 )
 
+    def post_json(self, *, url: str, body: dict[str, Any], what: str) -> httpx.Response:
+        """A plain JSON POST with this client's protocol headers (a server's side endpoint)."""
+        detail: dict[str, Any] = {"method": what}
+        try:
+            response = self._client.post(url, json=body, headers=self._request_headers())
+            response.read()
+            return response
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            raise TransientError(f"{what}: connection failed: {type(exc).__name__}", detail=detail) from exc
+        except (httpx.TimeoutException, httpx.TransportError) as exc:
+            raise LostResponseError(f"{what}: sent, but no answer was read", detail=detail) from exc
+
     def post_message(self, *, message: Message, what: str) -> None:
         """POST a notification or a response to a server request; the server answers 202."""
         detail: dict[str, Any] = {"method": what}

@@ -35,6 +35,7 @@ from adapters.base import (
     ServerRequest,
     SubmitOutcome,
     ToolDescriptor,
+    session_digest,
 )
 from adapters.errors import (
     AdapterError,
@@ -55,11 +56,11 @@ from adapters.jsonrpc import (
     message_kind,
     validation_detail,
 )
+from adapters.mcp_tasks_2025_keys import SUBMISSION_KEY_META, SubmissionKeyResolution
 
 PROTOCOL_VERSION = "2025-11-25"
 VERSION_HEADER = "MCP-Protocol-Version"
 RELATED_TASK_META = "io.modelcontextprotocol/related-task"
-SUBMISSION_KEY_META = "io.toolops/submission-key"
 INPUT_METHODS = frozenset({"elicitation/create", "sampling/createMessage"})
 # After the first input request, wait this long for siblings before handing the batch over.
 INPUT_GRACE_S = 0.3
@@ -166,9 +167,10 @@ def _server_request(message: Message) -> ServerRequest:
     )
 
 
-class McpTasks2025Adapter:
+class McpTasks2025Adapter(SubmissionKeyResolution):
     version = "mcp-tasks/2025-11-25"
-    capabilities: frozenset[str] = frozenset({"cancel", "list"})
+    # lookup_by_key is implemented; whether a server allows it is `key_resolution_modes`.
+    capabilities: frozenset[str] = frozenset({"cancel", "list", "lookup_by_key"})
 
     def __init__(
         self,
@@ -327,22 +329,28 @@ class McpTasks2025Adapter:
             "task": {"ttl": ttl_ms} if ttl_ms is not None else {},
             "_meta": {SUBMISSION_KEY_META: submission_key},
         }
-        with _maybe_created(tool):
-            reply = self._rpc.call(method="tools/call", params=params, creates=True)
-            self._keep_server_messages(reply.others)
-            if reply.error is not None:
-                # Task-mode mismatch: -32601 MUST, -32600 MAY (the spec contradicts itself).
-                raise _rpc_error(
-                    reply, method_not_found=TaskNotSupportedError, invalid_request=TaskNotSupportedError
-                )
-            result = reply.result or {}
-            if "task" in result:
-                # mcp-types types tools/call as CallToolResult only: parse the create reply here.
-                _validate(wire.CreateTaskResult, result, what="create-task result")
-                task = _remote_task(result["task"], model=wire.Task, expect_id=None)
-                return SubmitOutcome(task=task, sync_result=None, raw=result)
-            sync = self._tool_result(reply.message, allow_empty=False, remote_id=None)
-            return SubmitOutcome(task=None, sync_result=sync, raw=result)
+        try:
+            with _maybe_created(tool):
+                reply = self._rpc.call(method="tools/call", params=params, creates=True)
+                self._keep_server_messages(reply.others)
+                if reply.error is not None:
+                    # Task-mode mismatch: -32601 MUST, -32600 MAY (the spec contradicts itself).
+                    raise _rpc_error(
+                        reply, method_not_found=TaskNotSupportedError,
+                        invalid_request=TaskNotSupportedError,
+                    )
+                result = reply.result or {}
+                if "task" in result:
+                    # mcp-types types tools/call as CallToolResult only: parse the create reply here.
+                    _validate(wire.CreateTaskResult, result, what="create-task result")
+                    task = _remote_task(result["task"], model=wire.Task, expect_id=None)
+                    return SubmitOutcome(task=task, sync_result=None, raw=result)
+                sync = self._tool_result(reply.message, allow_empty=False, remote_id=None)
+                return SubmitOutcome(task=None, sync_result=sync, raw=result)
+        except LostResponseError as exc:
+            # The session the request went out on decides whether a dedup resend is safe later.
+            exc.detail["session"] = session_digest(self._session_id)
+            raise
 
     def call_sync(
         self, *, tool: str, arguments: dict[str, Any], timeout_s: float, submission_key: str

@@ -25,3 +25,9 @@ TOOLOPS_HTTP_TIMEOUT_SECONDS = env_float("TOOLOPS_HTTP_TIMEOUT_SECONDS", 30.0)
 TOOLOPS_MAX_RESULT_BYTES = env_int("TOOLOPS_MAX_RESULT_BYTES", 8 * 1024 * 1024)
 # Retries of a submit whose request provably never left (connection refused), same key each time.
 TOOLOPS_SUBMIT_UNSENT_RETRIES = env_int("TOOLOPS_SUBMIT_UNSENT_RETRIES", 3)
+# An operator must resolve a reconciliation item within this many seconds of its opening (15 min):
+# the age of the oldest open item is a gate figure and must stay under it.
+TOOLOPS_RECONCILIATION_DEADLINE_SECONDS = env_float("TOOLOPS_RECONCILIATION_DEADLINE_SECONDS", 900.0)
+# How long automatic resolution of a SUBMISSION_UNKNOWN row (lookup by key) keeps trying before
+# the row goes to the manual queue. Well under the queue deadline, so an operator still has time.
+TOOLOPS_SUBMISSION_RESOLUTION_SECONDS = env_float("TOOLOPS_SUBMISSION_RESOLUTION_SECONDS", 120.0)

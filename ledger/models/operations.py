@@ -64,6 +64,14 @@ class Operation(models.Model):
         ]
         constraints = [
             models.CheckConstraint(condition=Q(execution_epoch__gte=1), name="op_epoch_positive"),
+            # At most one live attempt per call node and epoch. Only NOT_FOUND_SAFE (proof that
+            # nothing was created) frees the call node for a new attempt; an abandoned or
+            # unresolved one keeps it, because its remote work may still exist.
+            models.UniqueConstraint(
+                fields=["call_node_id", "execution_epoch"],
+                condition=~Q(state="NOT_FOUND_SAFE"),
+                name="op_one_live_attempt_per_node_epoch",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -43,6 +43,7 @@ class ReconciliationItem(models.Model):
         ]
         indexes = [models.Index(fields=["deadline"], name="recon_open_deadline_idx",
                                 condition=Q(status="open"))]
+        permissions = [("resolve_reconciliationitem", "Can resolve reconciliation items")]
 
     def __str__(self) -> str:
         return f"reconcile {self.operation_id}: {self.reason} [{self.status}]"

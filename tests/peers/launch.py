@@ -76,7 +76,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @contextmanager
 def running_reference_server(
-    *, cooperating: bool = False, poll_interval_ms: int | None = None
+    *, cooperating: bool | str = False, poll_interval_ms: int | None = None
 ) -> Iterator[str]:
     """Run the peer on a free port; yield its MCP URL (http://127.0.0.1:PORT/mcp)."""
     # stderr goes to a file, not a pipe: a pipe nobody drains would eventually block the server.
@@ -88,7 +88,7 @@ def running_reference_server(
             port = _free_port()
             cmd = [sys.executable, "-m", "tests.peers.mcp_server", "--host", "127.0.0.1", "--port", str(port)]
             if cooperating:
-                cmd.append("--cooperating")
+                cmd += ["--cooperating", cooperating if isinstance(cooperating, str) else "full"]
             if poll_interval_ms is not None:
                 cmd += ["--poll-interval-ms", str(poll_interval_ms)]
             with open(log_path, "wb") as log:

@@ -4,9 +4,13 @@ The SDK speaks the protocol (initialize, tools/*, tasks/*, Streamable HTTP, sess
 this module only declares tools, runs their work through `ctx.experimental.run_task`
 and adds a few plain HTTP routes under `/_peer/` so tests can count what the server saw.
 
-Run: python -m tests.peers.mcp_server --port PORT [--host 127.0.0.1] [--cooperating]
+Run: python -m tests.peers.mcp_server --port PORT [--host 127.0.0.1] [--cooperating [full|dedup]]
      [--poll-interval-ms N]
 MCP endpoint: /mcp. Test-only routes: GET /_peer/stats, POST /_peer/reset, GET /_peer/lookup?key=K.
+Cooperating mode declares `capabilities.experimental["io.toolops/submission-key"]`: `dedup`
+(tools/call with a key already used in this session answers the same task, never a second one)
+and, in `full` mode, `lookup` (POST /_peer/keys {"key"}: the task for the key, or a 404 that
+FENCES the key so that a late tools/call carrying it is refused: proof that nothing exists).
 """
 
 from __future__ import annotations
@@ -161,7 +165,11 @@ class PeerState:
     """Server-side counters and the cooperating-mode dedup index."""
 
     cooperating: bool = False
+    lookup: bool = False  # cooperating "full": also offer the fencing key lookup
     tasks_created: int = 0
+    # Keys a lookup declared unknown: a late tools/call with one of them is refused.
+    fenced: set[str] = field(default_factory=set)
+    refused_fenced: int = 0
     tool_calls: Counter[str] = field(default_factory=Counter)
     submission_keys: Counter[str] = field(default_factory=Counter)
     # (Mcp-Session-Id, submission key) -> taskId, for dedup within a session.
@@ -178,6 +186,8 @@ class PeerState:
         self.submission_keys.clear()
         self.dedup.clear()
         self.by_key.clear()
+        self.fenced.clear()
+        self.refused_fenced = 0
 
     def cancel_work(self, task_id: str) -> None:
         scope = self.cancel_scopes.get(task_id)
@@ -190,6 +200,7 @@ class PeerState:
             "tool_calls": dict(self.tool_calls),
             "submission_keys": dict(self.submission_keys),
             "cooperating": self.cooperating,
+            "refused_fenced": self.refused_fenced,
         }
 
 
@@ -275,9 +286,15 @@ def build_server(state: PeerState, poll_interval_ms: int | None) -> tuple[Server
             state.lock = anyio.Lock()
         async with state.lock:  # serialise check-and-create so concurrent duplicates dedup too
             if state.cooperating and key is not None:
+                if key in state.fenced:
+                    state.refused_fenced += 1
+                    return _text("submission key was declared unknown and fenced", is_error=True)
                 existing_id = state.dedup.get((session_id, key))
-                existing = await support.store.get_task(existing_id) if existing_id else None
-                if existing is not None:
+                if existing_id is not None:
+                    existing = await support.store.get_task(existing_id)
+                    if existing is None:
+                        # The key's task expired: creating another would be a second operation.
+                        return _text("the task for this submission key is gone", is_error=True)
                     return types.CreateTaskResult(task=existing)
             created = await ctx.experimental.run_task(_run_work(state, work))
             state.tasks_created += 1
@@ -287,6 +304,17 @@ def build_server(state: PeerState, poll_interval_ms: int | None) -> tuple[Server
                     state.dedup[(session_id, key)] = created.task.taskId
         return created
 
+    if state.cooperating:
+        declared: dict[str, Any] = {"dedup": {"scope": "session", "retentionMs": None}}
+        if state.lookup:
+            declared["lookup"] = {"path": "/_peer/keys", "fences": True}
+        plain_options = server.create_initialization_options
+
+        def with_submission_key(*args: Any, **kwargs: Any) -> Any:
+            kwargs["experimental_capabilities"] = {SUBMISSION_KEY_META: declared}
+            return plain_options(*args, **kwargs)
+
+        server.create_initialization_options = with_submission_key  # type: ignore[method-assign]
     return server, support
 
 
@@ -331,8 +359,10 @@ def _pin_task_group(support: TaskSupport) -> Callable[[TaskGroup], None]:
     return pin
 
 
-def build_app(*, cooperating: bool = False, poll_interval_ms: int | None = None) -> Starlette:
-    state = PeerState(cooperating=cooperating)
+def build_app(
+    *, cooperating: bool | str = False, poll_interval_ms: int | None = None
+) -> Starlette:
+    state = PeerState(cooperating=bool(cooperating), lookup=cooperating in (True, "full"))
     server, support = build_server(state, poll_interval_ms)
     pin_task_group = _pin_task_group(support)
     # Stateful (the default): tasks are bound to the MCP session that created them.
@@ -364,6 +394,26 @@ def build_app(*, cooperating: bool = False, poll_interval_ms: int | None = None)
         session_id, task_id = hits[-1]
         return JSONResponse({"taskId": task_id, "sessionId": session_id})
 
+    async def keys(request: Request) -> JSONResponse:
+        # The declared lookup: scoped to the caller's session (tasks are session-bound), and a
+        # miss fences the key under the same lock tools/call creates under, so no late request
+        # can create a task after this answer said "none".
+        if not state.lookup:
+            return JSONResponse({"error": "no submission-key lookup offered"}, status_code=404)
+        body = await request.json()
+        key = str(body.get("key", "")) if isinstance(body, dict) else ""
+        session = request.headers.get("mcp-session-id", "")
+        if state.lock is None:
+            state.lock = anyio.Lock()
+        async with state.lock:
+            hits = state.by_key.get(key, [])
+            if not hits:
+                state.fenced.add(key)
+                return JSONResponse({"error": "unknown submission key", "fenced": True}, status_code=404)
+        mine = [t for s, t in hits if s == session]
+        task_id = mine[-1] if mine else hits[-1][1]
+        return JSONResponse({"taskId": task_id, "sameSession": bool(mine)})
+
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         async with anyio.create_task_group() as tg:
@@ -378,6 +428,7 @@ def build_app(*, cooperating: bool = False, poll_interval_ms: int | None = None)
             Route("/_peer/stats", endpoint=stats, methods=["GET"]),
             Route("/_peer/reset", endpoint=reset, methods=["POST"]),
             Route("/_peer/lookup", endpoint=lookup, methods=["GET"]),
+            Route("/_peer/keys", endpoint=keys, methods=["POST"]),
         ],
         lifespan=lifespan,
     )
@@ -387,10 +438,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--cooperating", action="store_true", help="dedup tools/call by submission key")
+    parser.add_argument("--cooperating", nargs="?", const="full", default=None, choices=["full", "dedup"],
+                        help="dedup tools/call by submission key (full: also the fencing lookup)")
     parser.add_argument("--poll-interval-ms", type=int, default=None, help="pollInterval advertised on tasks")
     args = parser.parse_args(argv)
-    app = build_app(cooperating=args.cooperating, poll_interval_ms=args.poll_interval_ms)
+    app = build_app(cooperating=args.cooperating or False, poll_interval_ms=args.poll_interval_ms)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", lifespan="on")
 
 

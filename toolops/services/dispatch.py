@@ -21,7 +21,8 @@ from ledger.models import Operation
 from ledger.states import POLLABLE, State
 
 # SUBMITTING rows are claimable only after their submitter's lease ran out (see operation_poll).
-CLAIMABLE = frozenset(POLLABLE | {State.SUBMITTING})
+# SUBMISSION_UNKNOWN rows are claimed for their resolution pass (lookup by submission key).
+CLAIMABLE = frozenset(POLLABLE | {State.SUBMITTING, State.SUBMISSION_UNKNOWN})
 
 
 def operations_claim_due(*, owner: str, limit: int | None = None) -> list[uuid.UUID]:

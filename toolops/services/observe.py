@@ -14,6 +14,7 @@ from adapters import (
     AdapterError,
     LostResponseError,
     NotFoundError,
+    SessionLostError,
     TransientError,
 )
 from adapters.base import RemoteTask
@@ -23,6 +24,10 @@ from ledger.services.transitions import operation_transition, operation_update_g
 from ledger.states import State
 from toolops.scheduling import next_poll_at
 from toolops.services.connections import adapter_for_server
+from toolops.services.reconcile import operation_to_reconciliation
+
+__all__ = ["operation_poll", "operation_reschedule_after_error", "operation_to_reconciliation",
+           "task_schedule_fields"]
 
 logger = logging.getLogger("toolops.poll")
 
@@ -78,18 +83,12 @@ def operation_reschedule_after_error(
     )
 
 
-def operation_to_reconciliation(*, op: Operation, lease_owner: str | None, reason: str,
-                                evidence: dict[str, Any]) -> None:
-    operation_transition(
-        operation_id=op.id, from_state=op.state, to_state=State.RECONCILIATION_REQUIRED,
-        execution_epoch=op.execution_epoch, lease_owner=lease_owner,
-        updates={**RELEASE, "next_poll_at": None},
-        event_kind="reconciliation_required", event_data={"reason": reason, **evidence},
-    )
-
-
 def operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
     """Poll one leased row. Returns a short outcome label (for logs and the runner)."""
+    from toolops.services.resolution import (
+        operation_classify_missing,
+        operation_resolve_submission,
+    )
     from toolops.services.results import operation_fetch_and_accept, operation_record_terminal_seen
 
     op = Operation.objects.select_related("server").filter(id=operation_id).first()
@@ -104,12 +103,18 @@ def operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
         operation_transition(
             operation_id=op.id, from_state=State.SUBMITTING, to_state=State.SUBMISSION_UNKNOWN,
             execution_epoch=op.execution_epoch, lease_owner=lease_owner,
-            updates={**RELEASE, "next_poll_at": None},
+            # Due at once: the resolution pass (lookup by key) picks it up.
+            updates={**RELEASE, "next_poll_at": timezone.now()},
             event_kind="submission_unknown",
             event_data={"reason": "submitter lost before recording the outcome"},
         )
         return "submission_unknown"
+    if op.state == State.SUBMISSION_UNKNOWN:
+        return operation_resolve_submission(operation_id=op.id, lease_owner=lease_owner)
     if op.state in (State.TERMINAL_OBSERVED, State.FETCHING_RESULT):
+        if op.expires_at is not None and now >= op.expires_at and op.result_digest:
+            # Digested before expiry: the server is no longer needed, acceptance proceeds.
+            operation_classify_missing(op=op, lease_owner=lease_owner, cause="expired_after_digest")
         return operation_fetch_and_accept(operation_id=op.id, lease_owner=lease_owner)
     if op.state not in (State.WORKING, State.CANCEL_REQUESTED):
         operation_update_guarded(
@@ -119,10 +124,8 @@ def operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
         )
         return "not_pollable"
     if op.expires_at is not None and now >= op.expires_at:
-        operation_to_reconciliation(
-            op=op, lease_owner=lease_owner, reason="expired_or_budget_exhausted",
-            evidence={"expires_at": op.expires_at.isoformat(), "server_state": op.server_state},
-        )
+        # No terminal state was seen before the ttl or wait budget ended: UNKNOWN.
+        operation_classify_missing(op=op, lease_owner=lease_owner, cause="expired_or_budget_exhausted")
         return "expired"
 
     issued_seq = op.observation_seq + 1
@@ -130,10 +133,8 @@ def operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
     try:
         task = adapter.get(remote_id=op.remote_id)
     except NotFoundError as exc:
-        operation_to_reconciliation(
-            op=op, lease_owner=lease_owner, reason="not_found_unknown",
-            evidence={"error": str(exc), "type": type(exc).__name__, "detail": exc.detail},
-        )
+        cause = "session_lost" if isinstance(exc, SessionLostError) else "not_found_unknown"
+        operation_classify_missing(op=op, lease_owner=lease_owner, cause=cause, error=exc)
         return "not_found"
     except (TransientError, LostResponseError, AdapterError) as exc:
         operation_reschedule_after_error(op=op, lease_owner=lease_owner, error=exc, kind="poll_error")

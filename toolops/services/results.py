@@ -119,10 +119,12 @@ def operation_fetch_and_accept(*, operation_id: uuid.UUID, lease_owner: str) -> 
                     remote_id=op.remote_id, timeout_s=30.0
                 )
             except NotFoundError as exc:
-                operation_to_reconciliation(
-                    op=op, lease_owner=lease_owner, reason="result_not_found",
-                    evidence={"error": str(exc), "detail": exc.detail},
-                )
+                from toolops.services.resolution import operation_classify_missing
+
+                # No digest yet, so this classifies UNKNOWN: a status without its result is
+                # never accepted.
+                operation_classify_missing(op=op, lease_owner=lease_owner, cause="result_not_found",
+                                           error=exc)
                 return "result_not_found"
             except AdapterError as exc:
                 operation_reschedule_after_error(

@@ -15,12 +15,13 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from adapters import (
     AdapterError,
     LostResponseError,
+    ProtocolViolationError,
     SessionLostError,
     TransientError,
 )
@@ -62,6 +63,21 @@ def _choose_mode(*, server: ToolServer, tool_name: str) -> tuple[str, dict[str, 
     )
 
 
+def _insert_attempt(**fields: Any) -> Operation:
+    """One live attempt per call node and epoch (constraint op_one_live_attempt_per_node_epoch):
+    a new attempt is possible only once every earlier one is NOT_FOUND_SAFE."""
+    try:
+        with transaction.atomic():
+            return Operation.objects.create(**fields)
+    except IntegrityError as exc:
+        if "op_one_live_attempt_per_node_epoch" not in str(exc) and "call_node_id" not in str(exc):
+            raise
+        raise SubmitRefused(
+            f"call node {fields['call_node_id']!r} already has an attempt that is not proven "
+            "never created (NOT_FOUND_SAFE); resolve it before submitting again"
+        ) from exc
+
+
 def _create_row(
     *, server: ToolServer, tool_name: str, tool: dict[str, Any], call_node_id: str,
     arguments: dict[str, Any], ttl_ms: int | None, mode: str, lease_owner: str,
@@ -70,7 +86,7 @@ def _create_row(
     descriptor_version = tool["descriptor_digest"]
     lease = timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS))
     with transaction.atomic(durable=True):
-        op = Operation.objects.create(
+        op = _insert_attempt(
             call_node_id=call_node_id,
             server=server,
             tool_name=tool_name,
@@ -156,12 +172,14 @@ def operation_submit(
     )
     try:
         outcome = _send(op=op, server=server)
-    except LostResponseError as exc:
-        # The request may have reached the server: from here only a lookup by key may resolve it.
+    except (LostResponseError, ProtocolViolationError) as exc:
+        # The request may have reached the server (no answer, or one we cannot read): from here
+        # only a lookup by key may resolve it, never a send under a new key. Due at once for the
+        # resolution pass (toolops.services.resolution).
         operation_transition(
             operation_id=op.id, from_state=State.SUBMITTING, to_state=State.SUBMISSION_UNKNOWN,
             execution_epoch=op.execution_epoch, lease_owner=owner,
-            updates={"lease_owner": "", "lease_expires_at": None, "next_poll_at": None},
+            updates={"lease_owner": "", "lease_expires_at": None, "next_poll_at": timezone.now()},
             event_kind="submission_unknown", event_data={"error": str(exc), "detail": exc.detail},
         )
         return Operation.objects.get(id=op.id)

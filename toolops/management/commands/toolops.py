@@ -56,6 +56,19 @@ class Command(BaseCommand):
 
         sub.add_parser("demo", help="the README's main job against the reference server")
 
+        p = sub.add_parser("reconcile", help="the manual reconciliation queue")
+        mode = p.add_mutually_exclusive_group(required=True)
+        mode.add_argument("--list", action="store_true", help="open items, oldest first")
+        mode.add_argument("--resolve", type=int, metavar="ITEM", help="resolve one item")
+        p.add_argument("--overdue", action="store_true", help="with --list: only items past deadline")
+        p.add_argument("--action", choices=["attach_remote_id", "never_created", "accept_terminal",
+                                            "abandoned"])
+        p.add_argument("--reason", default="")
+        p.add_argument("--remote-id", default="")
+        p.add_argument("--terminal-status", default="")
+        p.add_argument("--evidence", default=None, help="JSON object: what was observed")
+        p.add_argument("--actor", default=None, help="who resolves (default: cli:<os user>)")
+
     def handle(self, *args: Any, **opts: Any) -> None:
         try:
             getattr(self, "_" + opts["subcommand"].replace("-", "_"))(opts)
@@ -104,6 +117,35 @@ class Command(BaseCommand):
 
         stats = run_embedded(until_idle=opts["until_idle"], max_seconds=opts["max_seconds"])
         self._print({"polls": stats.polls, "outcomes": stats.outcomes})
+
+    def _reconcile(self, opts: dict[str, Any]) -> None:
+        if opts["list"]:
+            from ledger.selectors_reconciliation import reconciliation_items_open
+
+            self._print([
+                {"item": i.id, "operation_id": str(i.operation_id), "reason": i.reason,
+                 "state": i.operation.state, "remote_id": i.operation.remote_id,
+                 "submission_key": i.operation.submission_key, "deadline": i.deadline.isoformat(),
+                 "created_at": i.created_at.isoformat(), "owner": i.owner.get_username() if i.owner else ""}
+                for i in reconciliation_items_open(overdue_only=opts["overdue"])
+            ])
+            return
+        import getpass
+
+        from toolops.services.reconcile import reconciliation_resolve
+
+        if not opts["action"]:
+            raise CommandError("--resolve needs --action")
+        evidence = _json_arg(opts["evidence"], flag="--evidence")
+        if evidence is not None and not isinstance(evidence, dict):
+            raise CommandError("--evidence must be a JSON object")
+        item = reconciliation_resolve(
+            item_id=opts["resolve"], action=opts["action"], reason=opts["reason"],
+            actor=opts["actor"] or f"cli:{getpass.getuser()}", remote_id=opts["remote_id"],
+            terminal_status=opts["terminal_status"], evidence=evidence,
+        )
+        self._print({"item": item.id, "status": item.status, "resolution": item.resolution,
+                     "resolved_by": item.resolved_by, "operation_id": str(item.operation_id)})
 
     def _demo(self, opts: dict[str, Any]) -> None:
         from toolops.demo import run_demo

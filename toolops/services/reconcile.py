@@ -1,0 +1,255 @@
+"""The manual reconciliation queue: opening an item, and the four ways an operator resolves one.
+
+Lock order, everywhere: the operation row first, then its reconciliation item. Opening an item
+moves the row (a conditional UPDATE, which locks it) and then inserts the item in the same
+transaction; resolving locks the row with select_for_update, then the item. One order means two
+resolvers, or a resolver and the poller, queue on the row lock instead of deadlocking, and the
+second resolver then finds the item resolved and is refused (a resolved item stays resolved).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from ledger.digests import canonical_digest
+from ledger.errors import AcceptanceRefused
+from ledger.models import Operation, OperationEvent, ReconciliationItem
+from ledger.services.acceptance import operation_accept_terminal
+from ledger.services.transitions import operation_transition, operation_update_guarded
+from ledger.states import State, TerminalStatus
+from toolops.errors import ToolopsError
+
+# Events copied into an item's evidence: enough to judge the case without opening the ledger.
+EVIDENCE_EVENTS = 20
+RELEASE: dict[str, Any] = {"lease_owner": "", "lease_expires_at": None}
+Resolution = ReconciliationItem.Resolution
+
+
+class ReconciliationRefused(ToolopsError):
+    """The resolution does not fit the item or its operation; nothing was changed."""
+
+
+class AlreadyResolved(ReconciliationRefused):
+    pass
+
+
+def _recent_events(*, operation_id: uuid.UUID) -> list[dict[str, Any]]:
+    events = OperationEvent.objects.filter(operation_id=operation_id).order_by("-seq")
+    return [
+        {"seq": e.seq, "kind": e.kind, "from_state": e.from_state, "to_state": e.to_state,
+         "server_state": e.server_state, "data": e.data, "created_at": e.created_at.isoformat()}
+        for e in reversed(list(events[:EVIDENCE_EVENTS]))
+    ]
+
+
+def operation_to_reconciliation(*, op: Operation, lease_owner: str | None, reason: str,
+                                evidence: dict[str, Any]) -> ReconciliationItem:
+    """Move the row to RECONCILIATION_REQUIRED and open its item, in one transaction."""
+    now = timezone.now()
+    with transaction.atomic():
+        operation_transition(
+            operation_id=op.id, from_state=op.state, to_state=State.RECONCILIATION_REQUIRED,
+            execution_epoch=op.execution_epoch, lease_owner=lease_owner,
+            updates={**RELEASE, "next_poll_at": None},
+            event_kind="reconciliation_required", event_data={"reason": reason, **evidence},
+        )
+        return ReconciliationItem.objects.create(
+            operation_id=op.id,
+            reason=reason,
+            evidence={
+                "detail": evidence,
+                # The last things the server said, verbatim, and how to find the row again.
+                "server_state": op.server_state,
+                "server_status_message": op.server_status_message,
+                "remote_id": op.remote_id,
+                "submission_key": op.submission_key,
+                "from_state": op.state,
+                "events": _recent_events(operation_id=op.id),
+            },
+            deadline=now + timedelta(seconds=float(settings.TOOLOPS_RECONCILIATION_DEADLINE_SECONDS)),
+        )
+
+
+def _resolve(
+    *, item_id: int, actor: str, reason: str, resolution: str,
+    apply: Callable[[Operation, dict[str, Any]], None],
+) -> ReconciliationItem:
+    if not actor.strip():
+        raise ReconciliationRefused("a resolution must name who made it")
+    if not reason.strip():
+        raise ReconciliationRefused("a resolution must say why")
+    operation_id = (
+        ReconciliationItem.objects.filter(id=item_id).values_list("operation_id", flat=True).first()
+    )
+    if operation_id is None:
+        raise ReconciliationRefused(f"no reconciliation item {item_id}")
+    with transaction.atomic(durable=True):
+        op = Operation.objects.select_for_update().get(id=operation_id)  # lock order: row, item
+        item = ReconciliationItem.objects.select_for_update().get(id=item_id)
+        if item.status != ReconciliationItem.Status.OPEN:
+            raise AlreadyResolved(
+                f"item {item_id} was already resolved ({item.resolution}) by {item.resolved_by}"
+            )
+        if op.state != State.RECONCILIATION_REQUIRED:
+            raise ReconciliationRefused(f"operation {op.id} is {op.state}, not awaiting reconciliation")
+        who = {"item_id": item_id, "resolution": resolution, "by": actor, "reason": reason}
+        apply(op, who)
+        # The status condition is the backstop for the lock: a resolved item never changes again.
+        changed = ReconciliationItem.objects.filter(
+            id=item_id, status=ReconciliationItem.Status.OPEN
+        ).update(status=ReconciliationItem.Status.RESOLVED, resolution=resolution,
+                 resolution_reason=reason, resolved_by=actor, resolved_at=timezone.now())
+        if changed != 1:
+            raise AlreadyResolved(f"item {item_id} was already resolved")
+    item.refresh_from_db()
+    return item
+
+
+def reconciliation_attach_remote_id(*, item_id: int, remote_id: str, actor: str,
+                                    reason: str) -> ReconciliationItem:
+    """A remote id found by hand: the row goes back to WORKING and normal polling resumes."""
+    remote_id = remote_id.strip()
+    if not remote_id:
+        raise ReconciliationRefused("attach needs the remote id that was found")
+
+    def apply(op: Operation, who: dict[str, Any]) -> None:
+        taken = Operation.objects.filter(server_id=op.server_id, remote_id=remote_id).exclude(id=op.id)
+        if taken.exists():
+            raise ReconciliationRefused(f"remote id {remote_id!r} already belongs to another operation")
+        now = timezone.now()
+        operation_transition(
+            operation_id=op.id, from_state=State.RECONCILIATION_REQUIRED, to_state=State.WORKING,
+            execution_epoch=op.execution_epoch,
+            updates={**RELEASE, "remote_id": remote_id, "next_poll_at": now,
+                     # A fresh wait budget: the next observation narrows it to the server's ttl.
+                     "expires_at": now + timedelta(seconds=float(settings.TOOLOPS_WAIT_BUDGET_SECONDS))},
+            event_kind="reconciliation_resolved",
+            event_data={**who, "remote_id": remote_id, "previous_remote_id": op.remote_id},
+        )
+
+    return _resolve(item_id=item_id, actor=actor, reason=reason,
+                    resolution=Resolution.ATTACH_REMOTE_ID, apply=apply)
+
+
+def reconciliation_declare_never_created(*, item_id: int, actor: str,
+                                         reason: str) -> ReconciliationItem:
+    """NOT_FOUND_SAFE: frees the call node for a new attempt. Refused once a task id is known."""
+
+    def apply(op: Operation, who: dict[str, Any]) -> None:
+        if op.remote_id:
+            raise ReconciliationRefused(
+                f"operation {op.id} has remote id {op.remote_id!r}: it was created"
+            )
+        operation_transition(
+            operation_id=op.id, from_state=State.RECONCILIATION_REQUIRED, to_state=State.NOT_FOUND_SAFE,
+            execution_epoch=op.execution_epoch, updates={**RELEASE, "next_poll_at": None},
+            event_kind="reconciliation_resolved", event_data=who,
+        )
+
+    return _resolve(item_id=item_id, actor=actor, reason=reason,
+                    resolution=Resolution.NEVER_CREATED, apply=apply)
+
+
+def reconciliation_accept_terminal(
+    *, item_id: int, terminal_status: str, evidence: dict[str, Any] | None, actor: str, reason: str,
+) -> ReconciliationItem:
+    """Accept a terminal state the operator observed, with the evidence as the stored result.
+
+    The result is stored and digested before acceptance, exactly as a fetched one would be; the
+    row is due at once, so if acceptance below does not happen the dispatcher completes it.
+    """
+    if terminal_status not in TerminalStatus.values:
+        raise ReconciliationRefused(f"terminal status must be one of {', '.join(TerminalStatus.values)}")
+
+    def apply(op: Operation, who: dict[str, Any]) -> None:
+        if not op.result_digest and not evidence:
+            raise ReconciliationRefused("no result was fetched: the evidence must carry what was seen")
+        keep_fetched = bool(op.result_digest) and not evidence
+        if keep_fetched and op.terminal_status and op.terminal_status != terminal_status:
+            raise ReconciliationRefused(
+                f"the fetched result is for {op.terminal_status!r}, not {terminal_status!r}"
+            )
+        operation_transition(
+            operation_id=op.id, from_state=State.RECONCILIATION_REQUIRED,
+            to_state=State.TERMINAL_OBSERVED, execution_epoch=op.execution_epoch,
+            updates={"terminal_status": terminal_status},
+            event_kind="reconciliation_resolved", event_data={**who, "terminal_status": terminal_status},
+        )
+        operation_transition(
+            operation_id=op.id, from_state=State.TERMINAL_OBSERVED, to_state=State.FETCHING_RESULT,
+            execution_epoch=op.execution_epoch, updates={"next_poll_at": timezone.now()},
+            event_kind="fetching_result",
+        )
+        if keep_fetched:
+            return
+        stored = {"kind": "attested", "payload": evidence,
+                  "is_error": terminal_status != TerminalStatus.COMPLETED,
+                  "status_message": reason, "attested_by": actor}
+        digest = canonical_digest(stored)
+        operation_update_guarded(
+            operation_id=op.id, state=State.FETCHING_RESULT, execution_epoch=op.execution_epoch,
+            updates={"result": stored, "result_kind": stored["kind"], "result_digest": digest},
+            event_kind="result_attested", event_data={"result_digest": digest, "by": actor},
+        )
+
+    item = _resolve(item_id=item_id, actor=actor, reason=reason,
+                    resolution=Resolution.ACCEPT_TERMINAL, apply=apply)
+    op = Operation.objects.get(id=item.operation_id)
+    try:
+        operation_accept_terminal(
+            operation_id=op.id, call_node_id=op.call_node_id, request_digest=op.request_digest,
+            remote_id=op.remote_id, descriptor_version=op.descriptor_version,
+            execution_epoch=op.execution_epoch, cancel_generation=op.cancel_generation,
+            terminal_status=op.terminal_status, result_digest=op.result_digest,
+        )
+    except AcceptanceRefused:
+        pass  # recorded by the acceptance point; the row stays in FETCHING_RESULT for review
+    return item
+
+
+def reconciliation_abandon(*, item_id: int, actor: str, reason: str) -> ReconciliationItem:
+    """Close as abandoned. The call node stays taken: its remote work may still exist."""
+
+    def apply(op: Operation, who: dict[str, Any]) -> None:
+        operation_transition(
+            operation_id=op.id, from_state=State.RECONCILIATION_REQUIRED, to_state=State.ABANDONED,
+            execution_epoch=op.execution_epoch, updates={**RELEASE, "next_poll_at": None},
+            event_kind="reconciliation_resolved", event_data=who,
+        )
+
+    return _resolve(item_id=item_id, actor=actor, reason=reason,
+                    resolution=Resolution.ABANDONED, apply=apply)
+
+
+def reconciliation_take(*, item_id: int, user_id: int) -> bool:
+    """Make a user the owner of an open item. False when the item is resolved (nothing changed)."""
+    return ReconciliationItem.objects.filter(
+        id=item_id, status=ReconciliationItem.Status.OPEN
+    ).update(owner_id=user_id) == 1
+
+
+def reconciliation_resolve(
+    *, item_id: int, action: str, actor: str, reason: str, remote_id: str = "",
+    terminal_status: str = "", evidence: dict[str, Any] | None = None,
+) -> ReconciliationItem:
+    """One entry point by action name, for the CLI."""
+    if action == Resolution.ATTACH_REMOTE_ID:
+        return reconciliation_attach_remote_id(item_id=item_id, remote_id=remote_id, actor=actor,
+                                               reason=reason)
+    if action == Resolution.NEVER_CREATED:
+        return reconciliation_declare_never_created(item_id=item_id, actor=actor, reason=reason)
+    if action == Resolution.ACCEPT_TERMINAL:
+        return reconciliation_accept_terminal(item_id=item_id, terminal_status=terminal_status,
+                                              evidence=evidence, actor=actor, reason=reason)
+    if action == Resolution.ABANDONED:
+        return reconciliation_abandon(item_id=item_id, actor=actor, reason=reason)
+    raise ReconciliationRefused(
+        f"unknown action {action!r}; one of {', '.join(Resolution.values)}"
+    )
