@@ -14,7 +14,6 @@ from django.utils import timezone
 
 from adapters.base import ServerRequest
 from ledger.models import InputRequest, Operation, OperationEvent, TerminalReceipt, ToolServer
-from ledger.selectors import operation_snapshot
 from ledger.states import State
 from toolops.runner import run_embedded
 from toolops.services.connections import adapter_for_server
