@@ -159,7 +159,8 @@ def test_cancel_ack_lost_keeps_polling_until_the_server_says_cancelled(
     op.refresh_from_db()
     assert op.state == State.CANCEL_REQUESTED and op.lease_owner == ""
     assert not TerminalReceipt.objects.filter(operation=op).exists()
-    assert op.next_poll_at is not None and op.next_poll_at <= timezone.now()
+    assert op.next_poll_at is not None
+    assert op.next_poll_at <= timezone.now() + timedelta(seconds=2)  # the server's pace, not later
     # The server did cancel; polling finds that out and accepts it.
     run_embedded(until_idle=True, max_seconds=15)
     op.refresh_from_db()
@@ -168,6 +169,51 @@ def test_cancel_ack_lost_keeps_polling_until_the_server_says_cancelled(
     confirmed = OperationEvent.objects.get(operation=op, kind="cancel_confirmed")
     assert confirmed.data["source"] == "poll"
     assert _kinds(op).index("cancel_ack_lost") < _kinds(op).index("cancel_confirmed")
+
+
+class _RefusingTransport(httpx.BaseTransport):
+    """Connection refused for the first `tasks/cancel`: provably never reached the server."""
+
+    def __init__(self) -> None:
+        self._inner = httpx.HTTPTransport()
+        self.refused = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if b"tasks/cancel" in request.read() and self.refused == 0:
+            self.refused += 1
+            raise httpx.ConnectError("connection refused", request=request)
+        return self._inner.handle_request(request)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def test_unsent_cancel_is_sent_again_by_the_poller_even_during_input_required(
+    server: ToolServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    op = operation_submit(server_name=server.name, tool_name="ask_input", call_node_id="c-unsent",
+                          arguments={"question": "q?"}, ttl_ms=60_000)
+    run_embedded(until_idle=True, max_seconds=15)
+    op.refresh_from_db()
+    assert op.state == State.INPUT_REQUIRED
+    transport = _RefusingTransport()
+    flaky = _faulty_adapter(server, transport)
+    monkeypatch.setattr(cancel_service, "adapter_for_server", lambda server: flaky)
+    try:
+        assert operation_cancel(operation_id=op.id) == "cancel_not_sent"
+        assert _server_status(server, op.remote_id) == "input_required"
+        # The poller sees input_required, keeps polling (no pause while a cancel is pending) and
+        # sends the cancel again under the same generation.
+        run_embedded(until_idle=True, max_seconds=15)
+    finally:
+        flaky.close()
+    op.refresh_from_db()
+    assert op.state == State.CANCELLED_ACCEPTED and op.cancel_generation == 1
+    assert transport.refused == 1
+    observed = OperationEvent.objects.filter(operation=op, kind="observed",
+                                             from_state=State.CANCEL_REQUESTED).first()
+    assert observed is not None and observed.data["cancel_resend"] is True
+    assert _server_status(server, op.remote_id) == "cancelled"
 
 
 def _rewrite_cancelled_to_completed(request: httpx.Request, response: httpx.Response

@@ -35,12 +35,13 @@ from adapters import (
 from adapters.base import FetchedResult, RemoteTask
 from ledger.digests import canonical_digest
 from ledger.errors import AcceptanceRefused, IllegalTransition
-from ledger.models import EffectReconciliation, InputRequest, Operation
+from ledger.models import EffectReconciliation, InputRequest, Operation, OperationEvent
 from ledger.services.acceptance import operation_accept_terminal
 from ledger.services.events import event_append_locked, operation_record_event
 from ledger.services.transitions import operation_transition, operation_update_guarded
 from ledger.states import State
 from toolops.errors import ToolopsError
+from toolops.scheduling import next_poll_at
 from toolops.services.connections import adapter_for_server
 from toolops.services.observe import RELEASE, operation_to_reconciliation
 
@@ -52,6 +53,12 @@ CANCELLABLE = frozenset({State.WORKING, State.INPUT_REQUIRED})
 AUDIT_FETCH_TIMEOUT_S = 2.0
 # Statuses that, seen after an accepted cancel, mean the work went on to an end of its own.
 LATE_EFFECT_STATUSES = frozenset({"completed", "failed"})
+
+
+CANCEL_NOT_SENT = "cancel_not_sent"
+# Events that record how the latest cancel send ended (or that one was asked for).
+CANCEL_SEND_KINDS = ("cancel_requested", CANCEL_NOT_SENT, "cancel_ack_lost", "cancel_send_failed",
+                     "cancel_reply_not_cancelled")
 
 
 class CancelRefused(ToolopsError):
@@ -108,12 +115,20 @@ def operation_cancel(*, operation_id: uuid.UUID) -> str:
     """
     owner = _lease_owner()
     op = _request_cancel(operation_id=operation_id, owner=owner)
+    return _send_cancel(op=op, owner=owner)
+
+
+def _send_cancel(*, op: Operation, owner: str) -> str:
+    """Send `tasks/cancel` for a CANCEL_REQUESTED row whose lease `owner` holds."""
     adapter = adapter_for_server(server=op.server)
     try:
         task = adapter.cancel(remote_id=op.remote_id)
     except AlreadyTerminalError as exc:
         return _already_terminal(op=op, lease_owner=owner, error=exc)
-    except (LostResponseError, TransientError) as exc:
+    except TransientError as exc:
+        # Refused before it can have reached the server: the poller sends it again.
+        return _ack_lost(op=op, lease_owner=owner, error=exc, kind=CANCEL_NOT_SENT)
+    except LostResponseError as exc:
         return _ack_lost(op=op, lease_owner=owner, error=exc)
     except AdapterError as exc:
         # A definite refusal that is not "already terminal" (no cancel support, a protocol
@@ -129,11 +144,14 @@ def operation_cancel(*, operation_id: uuid.UUID) -> str:
 
 def _ack_lost(*, op: Operation, lease_owner: str, error: AdapterError,
               kind: str = "cancel_ack_lost") -> str:
-    """Stay CANCEL_REQUESTED; poll at once so the server tells us which terminal state won."""
+    """Stay CANCEL_REQUESTED; poll at the server's pace until it says which terminal state won."""
+    retry_after = error.retry_after if isinstance(error, TransientError) else None
+    due = next_poll_at(now=timezone.now(), poll_interval_ms=op.poll_interval_ms,
+                       expires_at=op.expires_at, retry_after_s=retry_after)
     operation_update_guarded(
         operation_id=op.id, state=State.CANCEL_REQUESTED, execution_epoch=op.execution_epoch,
         cancel_generation=op.cancel_generation, lease_owner=lease_owner,
-        updates={**RELEASE, "next_poll_at": timezone.now()},
+        updates={**RELEASE, "next_poll_at": due},
         event_kind=kind,
         event_data={"error": str(error), "type": type(error).__name__, "detail": error.detail},
     )
@@ -180,6 +198,39 @@ def operation_observe_cancel_requested(
     except IllegalTransition:
         return "stale_observation"
     return operation_fetch_and_accept(operation_id=op.id, lease_owner=lease_owner)
+
+
+def _cancel_unsent(*, op: Operation) -> bool:
+    last = (OperationEvent.objects.filter(operation_id=op.id, kind__in=CANCEL_SEND_KINDS,
+                                          cancel_generation=op.cancel_generation)
+            .order_by("-seq").values_list("kind", flat=True).first())
+    return last == CANCEL_NOT_SENT
+
+
+def operation_observe_cancel_pending(
+    *, op: Operation, lease_owner: str, task: RemoteTask, fields: dict[str, Any],
+    data: dict[str, Any], seq_guard: dict[str, Any],
+) -> str:
+    """A non-terminal status while CANCEL_REQUESTED: polling never pauses (not even for
+    `input_required`) until the server names the terminal state; a cancel that provably never
+    left is sent again under the same generation."""
+    if fields.get("next_poll_at") is None:
+        fields = {**fields, "next_poll_at": next_poll_at(
+            now=timezone.now(), poll_interval_ms=task.poll_interval_ms,
+            expires_at=fields.get("expires_at"))}
+    resend = _cancel_unsent(op=op)
+    ok = operation_update_guarded(
+        operation_id=op.id, state=State.CANCEL_REQUESTED, execution_epoch=op.execution_epoch,
+        cancel_generation=op.cancel_generation, lease_owner=lease_owner,
+        # A resend keeps the lease: the send below writes under it.
+        updates={**fields, **({} if resend else RELEASE)}, event_kind="observed",
+        event_data={**data, "cancel_resend": resend}, extra_filters=seq_guard,
+    )
+    if not ok:
+        return "stale_observation"
+    if not resend:
+        return "cancel_pending"
+    return _send_cancel(op=op, owner=lease_owner)
 
 
 def _audit_fetch(*, op: Operation) -> dict[str, Any]:

@@ -91,6 +91,7 @@ def operation_to_reconciliation(*, op: Operation, lease_owner: str | None, reaso
 def operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
     """Poll one leased row. Returns a short outcome label (for logs and the runner)."""
     from toolops.services.cancel import (
+        operation_observe_cancel_pending,
         operation_observe_cancel_requested,
         operation_record_late_effect,
     )
@@ -169,6 +170,9 @@ def operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
             )
             return "late_effect" if late is not None else "stale_observation"
         return operation_fetch_and_accept(operation_id=op.id, lease_owner=lease_owner)
+    if op.state == State.CANCEL_REQUESTED:
+        return operation_observe_cancel_pending(op=op, lease_owner=lease_owner, task=task,
+                                                fields=fields, data=data, seq_guard=seq_guard)
     if task.status == "input_required" and op.state == State.WORKING:
         # Polling pauses; the pending server request becomes the next input round.
         return operation_open_input_round(op=op, lease_owner=lease_owner, task=task,
