@@ -81,8 +81,8 @@ class OpenFirstFilter(admin.SimpleListFilter):
 
 @admin.register(InputRequest)
 class InputRequestAdmin(_ReadOnly):
-    list_display = ("operation_link", "round", "status", "method", "question", "deadline",
-                    "answer_link")
+    list_display = ("answer_link", "question", "round", "status", "deadline", "operation_link",
+                    "method")
     list_filter = (OpenFirstFilter, "method")
     search_fields = ("=operation__id", "=operation__remote_id", "operation__call_node_id")
     ordering = ("deadline",)
@@ -93,7 +93,9 @@ class InputRequestAdmin(_ReadOnly):
     @admin.display(description="operation")
     def operation_link(self, obj: InputRequest) -> str:
         url = reverse("admin:ledger_operation_change", args=[obj.operation_id])
-        return format_html('<a href="{}">{}</a>', url, obj.operation_id)
+        # Short form in the list; the full id is on the operation page and in search.
+        return format_html('<a href="{}" title="{}">{}…</a>', url, obj.operation_id,
+                           str(obj.operation_id)[:8])
 
     @admin.display(description="question")
     def question(self, obj: InputRequest) -> str:
