@@ -326,3 +326,34 @@ def test_cancel_command_prints_the_operation(server: ToolServer) -> None:
     assert shown["id"] == str(op.id) and shown["state"] == State.CANCELLED_ACCEPTED
     assert shown["receipt"]["terminal_status"] == "cancelled"
     assert OutboxEvent.objects.filter(receipt__operation=op).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_cancels_bump_the_generation_once(server: ToolServer) -> None:
+    import threading
+
+    from django.db import connection
+
+    op = _submit(server, "sleep_then_complete", "c-race", seconds=5, value="v")
+    barrier = threading.Barrier(4)
+    outcomes: list[str] = []
+
+    def cancel() -> None:
+        try:
+            barrier.wait()
+            outcomes.append(operation_cancel(operation_id=op.id))
+        except CancelRefused as exc:
+            outcomes.append(f"refused:{exc}")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=cancel) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(o.split(":")[0] for o in outcomes) == ["accepted", "refused", "refused", "refused"]
+    op.refresh_from_db()
+    assert op.state == State.CANCELLED_ACCEPTED and op.cancel_generation == 1
+    assert TerminalReceipt.objects.filter(operation=op).count() == 1
+    assert OperationEvent.objects.filter(operation=op, kind="cancel_requested").count() == 1
