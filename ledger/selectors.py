@@ -7,7 +7,15 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
-from ledger.models import Operation, OperationEvent, OutboxEvent, TerminalReceipt, ToolServer
+from ledger.models import (
+    EffectReconciliation,
+    InputRequest,
+    Operation,
+    OperationEvent,
+    OutboxEvent,
+    TerminalReceipt,
+    ToolServer,
+)
 from ledger.states import OPEN
 
 
@@ -81,4 +89,22 @@ def operation_snapshot(*, operation_id: uuid.UUID) -> dict[str, Any]:
         {f.attname: _field_value(getattr(o, f.attname)) for f in OutboxEvent._meta.concrete_fields}
         for o in OutboxEvent.objects.filter(receipt__operation_id=op.id).order_by("id")
     ]
+    # Input rounds and late effects (EFFECT_RECONCILIATION_REQUIRED) sit beside the state.
+    out["input_requests"] = [
+        {f.attname: _field_value(getattr(r, f.attname)) for f in InputRequest._meta.concrete_fields}
+        for r in InputRequest.objects.filter(operation_id=op.id).order_by("round")
+    ]
+    out["effect_reconciliations"] = [
+        {f.attname: _field_value(getattr(r, f.attname))
+         for f in EffectReconciliation._meta.concrete_fields}
+        for r in EffectReconciliation.objects.filter(operation_id=op.id).order_by("id")
+    ]
     return out
+
+
+def input_request_get(*, operation_id: uuid.UUID, input_round: int) -> InputRequest | None:
+    return InputRequest.objects.filter(operation_id=operation_id, round=input_round).first()
+
+
+def input_requests_open() -> QuerySet[InputRequest]:
+    return InputRequest.objects.filter(status=InputRequest.Status.OPEN).select_related("operation")

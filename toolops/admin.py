@@ -1,3 +1,6 @@
-"""Admin registrations whose actions call toolops services (ledger/admin.py cannot import toolops)."""
+"""Admin pages whose actions call toolops services (ledger/admin.py cannot import toolops)."""
 
-from toolops import admin_reconciliation  # noqa: F401  (registers ReconciliationItem)
+from toolops import (
+    admin_inputs,  # noqa: F401  (registers InputRequest and EffectReconciliation)
+    admin_reconciliation,  # noqa: F401  (registers ReconciliationItem)
+)

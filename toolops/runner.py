@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from django.utils import timezone
 
 from toolops.services.dispatch import operations_claim_due, operations_next_due_at
+from toolops.services.inputs import input_rounds_expire_due
 from toolops.services.observe import operation_poll
 
 # Longest nap between ticks: bounds how late a poll can be noticed when the schedule is empty.
@@ -29,6 +30,7 @@ def run_embedded(*, until_idle: bool, max_seconds: float | None) -> RunStats:
     while True:
         if max_seconds is not None and time.monotonic() - started >= max_seconds:
             return stats
+        input_rounds_expire_due()  # unanswered input deadlines get their recorded outcome
         for op_id in operations_claim_due(owner=owner):
             outcome = operation_poll(operation_id=op_id, lease_owner=owner).split(":")[0]
             stats.polls += 1

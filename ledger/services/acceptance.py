@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 import uuid
+from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger.errors import AcceptanceRefused, OperationNotFound
-from ledger.models import Operation, OutboxEvent, TerminalReceipt
+from ledger.models import Operation, OperationEvent, OutboxEvent, TerminalReceipt
 from ledger.services.events import event_append_locked, operation_record_event
 from ledger.states import State, TerminalStatus
 
@@ -119,9 +120,26 @@ def _accept_locked(
         server_state=op.server_state,
         execution_epoch=op.execution_epoch,
         cancel_generation=op.cancel_generation,
-        data={"receipt_id": receipt.pk, "terminal_status": terminal_status},
+        data={"receipt_id": receipt.pk, "terminal_status": terminal_status,
+              **_cancel_figures(op=op, cancelled=cancelled, now=now)},
     )
     return receipt
+
+
+def _cancel_figures(*, op: Operation, cancelled: bool, now: datetime) -> dict[str, Any]:
+    """For a row with a cancel request: whether the cancel won and how long confirmation took
+    (request to accepted terminal), stored in the accepted event so a gate reads it from the ledger."""
+    if op.cancel_generation == 0:
+        return {}
+    requested_at = (
+        OperationEvent.objects.filter(operation_id=op.id, kind="cancel_requested",
+                                      cancel_generation=op.cancel_generation)
+        .values_list("created_at", flat=True).first()
+    )
+    figures: dict[str, Any] = {"cancel_outcome": "won" if cancelled else "lost"}
+    if requested_at is not None:
+        figures["cancel_confirmation_ms"] = round((now - requested_at).total_seconds() * 1000, 3)
+    return figures
 
 
 def operation_accept_terminal(

@@ -85,6 +85,12 @@ def operation_reschedule_after_error(
 
 def operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
     """Poll one leased row. Returns a short outcome label (for logs and the runner)."""
+    from toolops.services.cancel import (
+        operation_observe_cancel_pending,
+        operation_observe_cancel_requested,
+        operation_record_late_effect,
+    )
+    from toolops.services.inputs import operation_open_input_round
     from toolops.services.resolution import (
         operation_classify_missing,
         operation_resolve_submission,
@@ -147,21 +153,31 @@ def operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
     data = {"observation_seq": issued_seq, "status": task.status,
             "status_message": task.status_message}
     if task.status in TERMINAL_SERVER_STATUSES:
+        if op.state == State.CANCEL_REQUESTED:
+            # Which terminal state won the race with our cancel: the cancel service decides.
+            return operation_observe_cancel_requested(
+                op=op, lease_owner=lease_owner, task=task, observation_seq=issued_seq
+            )
         try:
             operation_record_terminal_seen(
                 operation_id=op.id, from_state=State(op.state), lease_owner=lease_owner, task=task,
                 observation_seq=issued_seq,
             )
         except IllegalTransition:
-            return "stale_observation"
+            # A stale worker's completion after an accepted cancel is a late effect, not a state.
+            late = operation_record_late_effect(
+                operation_id=op.id, observed_status=task.status, source="poll",
+                evidence={"observation_seq": issued_seq, "task": task.raw},
+            )
+            return "late_effect" if late is not None else "stale_observation"
         return operation_fetch_and_accept(operation_id=op.id, lease_owner=lease_owner)
+    if op.state == State.CANCEL_REQUESTED:
+        return operation_observe_cancel_pending(op=op, lease_owner=lease_owner, task=task,
+                                                fields=fields, data=data, seq_guard=seq_guard)
     if task.status == "input_required" and op.state == State.WORKING:
-        operation_transition(
-            operation_id=op.id, from_state=State.WORKING, to_state=State.INPUT_REQUIRED,
-            execution_epoch=op.execution_epoch, lease_owner=lease_owner,
-            updates={**fields, **RELEASE}, event_kind="observed", event_data=data,
-        )
-        return "input_required"
+        # Polling pauses; the pending server request becomes the next input round.
+        return operation_open_input_round(op=op, lease_owner=lease_owner, task=task,
+                                          fields=fields, data=data)
     ok = operation_update_guarded(
         operation_id=op.id, state=op.state, execution_epoch=op.execution_epoch,
         lease_owner=lease_owner, updates={**fields, **RELEASE}, event_kind="observed",

@@ -50,6 +50,17 @@ class Command(BaseCommand):
         p = sub.add_parser("show", help="print one operation with events, receipt and outbox")
         p.add_argument("operation", help="operation id, remote (task) id or submission key")
 
+        p = sub.add_parser("cancel", help="request a cancel and print the operation (as show)")
+        p.add_argument("operation", help="operation id, remote (task) id or submission key")
+
+        p = sub.add_parser("answer", help="answer one input round and print the operation")
+        p.add_argument("operation", help="operation id, remote (task) id or submission key")
+        p.add_argument("--round", dest="input_round", type=int, required=True)
+        p.add_argument("--json", dest="answer_json", required=True,
+                       help='the answer: {"action": ..., "content": {...}} or bare content (accept)')
+        p.add_argument("--schema-digest", default=None,
+                       help="digest of the schema you answered (default: the round's own, from show)")
+
         p = sub.add_parser("run", help="the embedded executor")
         p.add_argument("--until-idle", action="store_true")
         p.add_argument("--max-seconds", type=float, default=None)
@@ -110,6 +121,31 @@ class Command(BaseCommand):
         op = operation_find(ref=opts["operation"])
         if op is None:
             raise CommandError(f"no operation matches {opts['operation']!r}")
+        self._print(operation_snapshot(operation_id=op.id))
+
+    def _cancel(self, opts: dict[str, Any]) -> None:
+        from toolops.services.cancel import operation_cancel
+
+        op = operation_find(ref=opts["operation"])
+        if op is None:
+            raise CommandError(f"no operation matches {opts['operation']!r}")
+        operation_cancel(operation_id=op.id)
+        self._print(operation_snapshot(operation_id=op.id))
+
+    def _answer(self, opts: dict[str, Any]) -> None:
+        from ledger.selectors import input_request_get
+        from toolops.services.inputs import operation_answer_input
+
+        op = operation_find(ref=opts["operation"])
+        if op is None:
+            raise CommandError(f"no operation matches {opts['operation']!r}")
+        response = _json_arg(opts["answer_json"], flag="--json")
+        digest = opts["schema_digest"]
+        if digest is None:
+            ir = input_request_get(operation_id=op.id, input_round=opts["input_round"])
+            digest = ir.schema_digest if ir is not None else ""
+        operation_answer_input(operation_id=op.id, input_round=opts["input_round"],
+                               schema_digest=digest, response=response)
         self._print(operation_snapshot(operation_id=op.id))
 
     def _run(self, opts: dict[str, Any]) -> None:
