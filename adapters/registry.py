@@ -12,6 +12,7 @@ import httpx
 
 from adapters.base import TaskAdapter
 from adapters.mcp_tasks_2025 import McpTasks2025Adapter
+from adapters.mcp_tasks_ext_2026 import McpTasksExt2026Adapter
 
 _Factory = Callable[[str, str | None, float, httpx.BaseTransport | None], TaskAdapter]
 
@@ -22,8 +23,15 @@ def _mcp_tasks_2025(
     return McpTasks2025Adapter(url=url, session_id=session_id, timeout_s=timeout_s, transport=transport)
 
 
+def _mcp_tasks_ext_2026(
+    url: str, session_id: str | None, timeout_s: float, transport: httpx.BaseTransport | None
+) -> TaskAdapter:
+    return McpTasksExt2026Adapter(url=url, timeout_s=timeout_s, transport=transport)
+
+
 _FACTORIES: dict[str, _Factory] = {
     McpTasks2025Adapter.version: _mcp_tasks_2025,
+    McpTasksExt2026Adapter.version: _mcp_tasks_ext_2026,
 }
 
 ADAPTER_VERSIONS: tuple[str, ...] = tuple(_FACTORIES)
