@@ -114,13 +114,15 @@ def _json(op: Op, now: float) -> dict[str, Any]:
 
 def _expired(op: Op, now: float) -> bool:
     _settle(op, now)
-    return op.expire_after is not None and op.finished_at is not None and now >= op.finished_at + op.expire_after
+    if op.expire_after is None or op.finished_at is None:
+        return False
+    return now >= op.finished_at + op.expire_after
 
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib name
+    def log_message(self, format: str, *args: object) -> None:
         return
 
     # -- plumbing --------------------------------------------------------------------------
@@ -175,7 +177,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- verbs -----------------------------------------------------------------------------
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+    def do_GET(self) -> None:
         path = self.path.split("?")[0]
         STATE.counters["requests"] += 1
         if path == "/_fake/stats":
@@ -210,7 +212,7 @@ class Handler(BaseHTTPRequestHandler):
             body = _json(op, now)
         self._send(200, body)
 
-    def do_DELETE(self) -> None:  # noqa: N802 - stdlib name
+    def do_DELETE(self) -> None:
         STATE.counters["requests"] += 1
         name = self._op_name(self.path.split("?")[0])
         if name is None:
@@ -226,7 +228,7 @@ class Handler(BaseHTTPRequestHandler):
                 return
         self._send(200, {})
 
-    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+    def do_POST(self) -> None:
         path = self.path.split("?")[0]
         STATE.counters["requests"] += 1
         body = self._body()

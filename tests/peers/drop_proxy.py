@@ -48,10 +48,10 @@ def dropping_proxy(upstream: str) -> Iterator[tuple[str, DropPlan]]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib name
+        def log_message(self, format: str, *args: object) -> None:
             return
 
-        def do_POST(self) -> None:  # noqa: N802 - stdlib name
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length") or 0))
             try:
                 method = str(json.loads(body).get("method", ""))

@@ -22,6 +22,7 @@ STARTUP_TIMEOUT_S = 20.0
 # The fake's tool method and operations prefix, as a server-add would configure them.
 AIP_OPTIONS: dict[str, Any] = {
     "operations_prefix": "v1",
+    "list_path": "v1/projects/p/locations/l/operations",
     "methods": {"render": {"http_method": "POST", "path": "v1/projects/p/locations/l/jobs:run"}},
 }
 
@@ -50,7 +51,8 @@ def running_aip_server() -> Iterator[str]:
         last_error = ""
         for _attempt in range(3):
             port = _free_port()
-            cmd = [sys.executable, "-m", "tests.peers.aip151_server", "--host", "127.0.0.1", "--port", str(port)]
+            cmd = [sys.executable, "-m", "tests.peers.aip151_server", "--host", "127.0.0.1",
+                   "--port", str(port)]
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=log)
             url = f"http://127.0.0.1:{port}"
