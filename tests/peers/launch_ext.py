@@ -32,7 +32,7 @@ def ext_peer_stats(mcp_url: str) -> dict[str, Any]:
 
 @contextmanager
 def running_ext_server(
-    *, poll_interval_ms: int = 100, execution_ttl_ms: int | None = None
+    *, poll_interval_ms: int = 100, execution_ttl_ms: int | None = None, tasks: bool = True
 ) -> Iterator[str]:
     """Run the FastMCP + fastmcp-tasks peer on a free port; yield its MCP URL."""
     python = ext_venv_python()
@@ -45,6 +45,8 @@ def running_ext_server(
                    "--poll-interval-ms", str(poll_interval_ms)]
             if execution_ttl_ms is not None:
                 cmd += ["--execution-ttl-ms", str(execution_ttl_ms)]
+            if not tasks:
+                cmd.append("--no-tasks")
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
             url = f"http://127.0.0.1:{port}/mcp"

@@ -32,8 +32,13 @@ from starlette.responses import JSONResponse, Response
 RUNS: Counter[str] = Counter()
 
 
-def build(poll_interval_ms: int) -> FastMCP:
+def build(poll_interval_ms: int, *, tasks: bool = True) -> FastMCP:
     mcp = FastMCP("toolops-ext-peer")
+    _add_common(mcp)
+    if not tasks:
+        # A 2026-07-28 server without the extension: only the plain tool (FastMCP refuses
+        # task tools without a TasksExtension at startup).
+        return mcp
     mcp.add_extension(TasksExtension())
     task = TaskConfig(mode="required", poll_interval=timedelta(milliseconds=poll_interval_ms))
 
@@ -74,6 +79,10 @@ def build(poll_interval_ms: int) -> FastMCP:
         content = getattr(answer, "content", None) or {}
         return f"Hello, {content.get('name')}!"
 
+    return mcp
+
+
+def _add_common(mcp: FastMCP) -> None:
     @mcp.tool
     def quick_sync(value: str = "sync") -> str:
         RUNS["quick_sync"] += 1
@@ -82,8 +91,6 @@ def build(poll_interval_ms: int) -> FastMCP:
     @mcp.custom_route("/_peer/stats", methods=["GET"])
     async def stats(request: Request) -> Response:
         return JSONResponse({"runs": dict(RUNS)})
-
-    return mcp
 
 
 def _set_execution_ttl(ttl: timedelta) -> None:
@@ -109,10 +116,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--poll-interval-ms", type=int, default=100)
     parser.add_argument("--execution-ttl-ms", type=int, default=None)
+    parser.add_argument("--no-tasks", action="store_true", help="serve without the tasks extension")
     args = parser.parse_args()
     if args.execution_ttl_ms is not None:
         _set_execution_ttl(timedelta(milliseconds=args.execution_ttl_ms))
-    build(args.poll_interval_ms).run(
+    build(args.poll_interval_ms, tasks=not args.no_tasks).run(
         transport="http", host=args.host, port=args.port, path="/mcp", show_banner=False,
         log_level="warning",
     )
