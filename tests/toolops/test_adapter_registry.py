@@ -84,9 +84,11 @@ def _drain_with_rows_in_flight(server: ToolServer, version: str, tool: str,
 
     adapter_set_status(version=version, status="disabled")
     with pytest.raises(SubmitRefused, match="is disabled"):
-        operation_submit(server_name=server.name, tool_name=tool, call_node_id="after-disable", arguments=args)
+        operation_submit(server_name=server.name, tool_name=tool, call_node_id="after-disable",
+                         arguments=args)
     adapter_set_status(version=version, status="enabled")
-    again = operation_submit(server_name=server.name, tool_name=tool, call_node_id="re-enabled", arguments=args)
+    again = operation_submit(server_name=server.name, tool_name=tool, call_node_id="re-enabled",
+                             arguments=args)
     assert again.state in (State.WORKING, State.ACCEPTED)
 
 
