@@ -3,6 +3,7 @@
 One interface (`TaskAdapter`), one module per protocol shape, one error taxonomy.
 """
 
+from adapters.aip151 import Aip151Adapter
 from adapters.base import (
     FetchedResult,
     InputWindow,
@@ -25,16 +26,19 @@ from adapters.errors import (
     TransientError,
 )
 from adapters.mcp_tasks_2025 import McpTasks2025Adapter, close_input_streams
+from adapters.mcp_tasks_ext_2026 import McpTasksExt2026Adapter
 from adapters.registry import ADAPTER_VERSIONS, adapter_for
 
 __all__ = [
     "ADAPTER_VERSIONS",
     "AdapterError",
+    "Aip151Adapter",
     "AlreadyTerminalError",
     "FetchedResult",
     "InputWindow",
     "LostResponseError",
     "McpTasks2025Adapter",
+    "McpTasksExt2026Adapter",
     "Negotiated",
     "NeverCreatedError",
     "NotFoundError",

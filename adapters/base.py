@@ -48,17 +48,6 @@ class ToolDescriptor:
 
 
 @dataclass(frozen=True)
-class RemoteTask:
-    remote_id: str
-    status: str  # server status verbatim
-    status_message: str | None
-    poll_interval_ms: int | None
-    ttl_ms: int | None
-    created_at: str | None
-    raw: dict[str, Any]
-
-
-@dataclass(frozen=True)
 class FetchedResult:
     # "result" | "error" | "empty"; empty = mcp 1.30's _meta-only success for failed/cancelled
     kind: str
@@ -73,6 +62,29 @@ class ServerRequest:
     method: str
     params: dict[str, Any]
     related_task_id: str | None
+
+
+@dataclass(frozen=True)
+class RemoteTask:
+    remote_id: str
+    # The status the executor dispatches on: working | input_required | completed | failed |
+    # cancelled. MCP shapes report it verbatim; AIP-151 has no status string, so its adapter
+    # derives it from `done`/`error.code` (the Operation JSON stays verbatim in `raw`).
+    status: str
+    status_message: str | None
+    poll_interval_ms: int | None
+    ttl_ms: int | None
+    created_at: str | None
+    raw: dict[str, Any]
+    # Shapes that carry the outcome inside the status read (the tasks extension's
+    # `tasks/get`, AIP-151 `done` + `response`/`error`) put it here; the adapter's
+    # `fetch_result` then returns it without another request. None for Shape A.
+    result: FetchedResult | None = None
+    # The tasks extension repeats pending input requests on every `tasks/get` (keyed by
+    # server-minted keys, never reused): deduplicate by `request_id` across polls.
+    input_requests: tuple[ServerRequest, ...] = ()
+    # AIP-151 `metadata` (progress), verbatim; None when the server sent none.
+    progress: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -124,7 +136,16 @@ class TaskAdapter(Protocol):
 
     def answer_input(self, *, request_id: str | int, result: dict[str, Any], remote_id: str) -> None: ...
 
-    def cancel(self, *, remote_id: str) -> RemoteTask: ...
+    def cancel(self, *, remote_id: str) -> RemoteTask:
+        """Request cancellation and return the task as the server reports it afterwards.
+
+        Shape A confirms synchronously (`cancelled`). Adapters whose `capabilities` contain
+        "cancel_ack_only" (the tasks extension, AIP-151) only get an acknowledgement: the
+        returned task may still be `working`, and may end `completed` or `failed` later, so
+        the executor MUST keep polling until a terminal status instead of treating the
+        return value as the outcome.
+        """
+        ...
 
     def list_tasks(self) -> list[RemoteTask]: ...
 

@@ -7,23 +7,47 @@ and similar fields while meaning different things (design.md section 6).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 
+from adapters.aip151 import Aip151Adapter
 from adapters.base import TaskAdapter
 from adapters.mcp_tasks_2025 import McpTasks2025Adapter
+from adapters.mcp_tasks_ext_2026 import McpTasksExt2026Adapter
 
-_Factory = Callable[[str, str | None, float, httpx.BaseTransport | None], TaskAdapter]
+# (url, session id, timeout, transport, options): options are adapter-specific settings kept
+# with the server (AIP-151: the tools' configured methods and the operations prefix).
+_Factory = Callable[
+    [str, str | None, float, httpx.BaseTransport | None, dict[str, Any] | None], TaskAdapter
+]
 
 
 def _mcp_tasks_2025(
-    url: str, session_id: str | None, timeout_s: float, transport: httpx.BaseTransport | None
+    url: str, session_id: str | None, timeout_s: float, transport: httpx.BaseTransport | None,
+    options: dict[str, Any] | None,
 ) -> TaskAdapter:
     return McpTasks2025Adapter(url=url, session_id=session_id, timeout_s=timeout_s, transport=transport)
 
 
+def _mcp_tasks_ext_2026(
+    url: str, session_id: str | None, timeout_s: float, transport: httpx.BaseTransport | None,
+    options: dict[str, Any] | None,
+) -> TaskAdapter:
+    return McpTasksExt2026Adapter(url=url, timeout_s=timeout_s, transport=transport)
+
+
+def _aip_151(
+    url: str, session_id: str | None, timeout_s: float, transport: httpx.BaseTransport | None,
+    options: dict[str, Any] | None,
+) -> TaskAdapter:
+    return Aip151Adapter(url=url, options=options, timeout_s=timeout_s, transport=transport)
+
+
 _FACTORIES: dict[str, _Factory] = {
     McpTasks2025Adapter.version: _mcp_tasks_2025,
+    McpTasksExt2026Adapter.version: _mcp_tasks_ext_2026,
+    Aip151Adapter.version: _aip_151,
 }
 
 ADAPTER_VERSIONS: tuple[str, ...] = tuple(_FACTORIES)
@@ -36,13 +60,14 @@ def adapter_for(
     session_id: str | None,
     timeout_s: float = 30.0,
     transport: httpx.BaseTransport | None = None,
+    options: dict[str, Any] | None = None,
 ) -> TaskAdapter:
     """A new adapter for `version`; ValueError names the known versions when it is unknown."""
     factory = _FACTORIES.get(version)
     if factory is None:
         known = ", ".join(ADAPTER_VERSIONS)
         raise ValueError(f"unknown adapter version {version!r}; known versions: {known}")
-    return factory(url, session_id, timeout_s, transport)
+    return factory(url, session_id, timeout_s, transport, options)
 
 
 __all__ = ["ADAPTER_VERSIONS", "adapter_for"]

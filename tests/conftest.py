@@ -7,11 +7,27 @@ from collections.abc import Iterator
 import pytest
 
 from tests.peers.launch import running_reference_server
+from tests.peers.launch_aip import running_aip_server
+from tests.peers.launch_ext import running_ext_server
 
 
 @pytest.fixture(scope="session")
 def mcp_url() -> Iterator[str]:
     with running_reference_server(poll_interval_ms=100) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def ext_url() -> Iterator[str]:
+    """Shape B peer (FastMCP + fastmcp-tasks) from its own venv, built on first use."""
+    with running_ext_server(poll_interval_ms=100) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def aip_url() -> Iterator[str]:
+    """The in-repo AIP-151 fake (tests/peers/aip151_server.py); yields its base URL."""
+    with running_aip_server() as url:
         yield url
 
 

@@ -1,5 +1,6 @@
 """Ledger models, one module per subdomain."""
 
+from ledger.models.adapters import AdapterState
 from ledger.models.inputs import InputRequest
 from ledger.models.operations import Operation, OperationEvent
 from ledger.models.receipts import OutboxEvent, TerminalReceipt
@@ -7,6 +8,7 @@ from ledger.models.reconciliation import EffectReconciliation, ReconciliationIte
 from ledger.models.servers import ToolServer
 
 __all__ = [
+    "AdapterState",
     "EffectReconciliation",
     "InputRequest",
     "Operation",

@@ -624,10 +624,10 @@ def test_read_input_returns_the_final_response() -> None:
 
 
 def test_registry() -> None:
-    assert ADAPTER_VERSIONS == ("mcp-tasks/2025-11-25",)
+    assert ADAPTER_VERSIONS == ("mcp-tasks/2025-11-25", "mcp-tasks-ext/2026-07-28", "aip-151/v1")
     adapter = adapter_for(version="mcp-tasks/2025-11-25", url=URL, session_id=SID)
     assert isinstance(adapter, McpTasks2025Adapter) and isinstance(adapter, TaskAdapter)
     assert adapter.session_id == SID
     adapter.close()
-    with pytest.raises(ValueError, match="unknown adapter version 'aip-151/v1'"):
-        adapter_for(version="aip-151/v1", url=URL, session_id=None)
+    with pytest.raises(ValueError, match="unknown adapter version 'azure-lro/v1'"):
+        adapter_for(version="azure-lro/v1", url=URL, session_id=None)

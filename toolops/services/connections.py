@@ -26,6 +26,8 @@ def adapter_for_server(*, server: ToolServer) -> TaskAdapter:
                 url=server.url,
                 session_id=server.session_id or None,
                 timeout_s=float(settings.TOOLOPS_HTTP_TIMEOUT_SECONDS),
+                # Adapter settings negotiation stored (AIP-151: the configured methods).
+                options=(server.capabilities or {}).get("adapter_options"),
             )
             _cache[key] = adapter
         return adapter

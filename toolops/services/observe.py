@@ -150,8 +150,10 @@ def operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
     seq_guard = {"observation_seq__lt": issued_seq}
     fields = {**task_schedule_fields(op=op, task=task, now=timezone.now()),
               "observation_seq": issued_seq}
-    data = {"observation_seq": issued_seq, "status": task.status,
-            "status_message": task.status_message}
+    data: dict[str, Any] = {"observation_seq": issued_seq, "status": task.status,
+                            "status_message": task.status_message}
+    if task.progress is not None:
+        data["progress"] = task.progress  # AIP-151 `metadata`, verbatim, in the time series
     if task.status in TERMINAL_SERVER_STATUSES:
         if op.state == State.CANCEL_REQUESTED:
             # Which terminal state won the race with our cancel: the cancel service decides.

@@ -7,11 +7,11 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from adapters import AdapterError, adapter_for
 from adapters.base import Negotiated, ToolDescriptor
 from ledger.digests import canonical_digest
 from ledger.models import ToolServer
 from toolops.errors import ToolopsError
+from toolops.services.negotiation import negotiate_auto, negotiate_with
 
 DEFAULT_ADAPTER = "mcp-tasks/2025-11-25"
 
@@ -27,20 +27,10 @@ def _tools_table(tools: list[ToolDescriptor]) -> dict[str, Any]:
     }
 
 
-def _negotiate(*, url: str, adapter_version: str) -> tuple[Negotiated, list[ToolDescriptor]]:
-    try:
-        adapter = adapter_for(version=adapter_version, url=url, session_id=None)
-    except ValueError as exc:
-        raise ToolopsError(str(exc)) from exc
-    try:
-        negotiated = adapter.negotiate()
-        tools = adapter.list_tools()
-    except AdapterError as exc:
-        raise ToolopsError(f"negotiation with {url} failed: {exc}") from exc
-    finally:
-        # Closing the HTTP client only; the MCP session stays open on the server for the workers.
-        adapter.close()
-    return negotiated, tools
+def _negotiate(
+    *, url: str, adapter_version: str, options: dict[str, Any] | None = None
+) -> tuple[Negotiated, list[ToolDescriptor]]:
+    return negotiate_with(url=url, adapter_version=adapter_version, options=options)
 
 
 def server_add(
@@ -50,11 +40,21 @@ def server_add(
     adapter_version: str = DEFAULT_ADAPTER,
     max_qps: float = 10.0,
     sync_bounds: dict[str, float] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> ToolServer:
-    """Negotiate with a server, then record it. Nothing is written if negotiation fails."""
+    """Negotiate with a server, then record it. Nothing is written if negotiation fails.
+
+    `adapter_version="auto"` picks the shape (toolops/services/negotiation.py); `options` are
+    adapter settings (AIP-151: the tools' configured methods), kept in `capabilities`.
+    """
     if max_qps <= 0:
         raise ToolopsError("--max-qps must be positive")
-    negotiated, tools = _negotiate(url=url, adapter_version=adapter_version)
+    if adapter_version == "auto":
+        adapter_version, negotiated, tools, _notes = negotiate_auto(
+            url=url, sync_bounds=dict(sync_bounds or {})
+        )
+    else:
+        negotiated, tools = _negotiate(url=url, adapter_version=adapter_version, options=options)
     try:
         with transaction.atomic():
             return ToolServer.objects.create(
@@ -84,7 +84,8 @@ def server_renegotiate(*, server_id: int, stale_session_id: str) -> ToolServer:
     server = ToolServer.objects.get(pk=server_id)
     if server.session_id != stale_session_id:
         return server
-    negotiated, tools = _negotiate(url=server.url, adapter_version=server.adapter_version)
+    negotiated, tools = _negotiate(url=server.url, adapter_version=server.adapter_version,
+                                   options=server.capabilities.get("adapter_options"))
     ToolServer.objects.filter(pk=server_id, session_id=stale_session_id).update(
         session_id=negotiated.session_id or "",
         capabilities=negotiated.capabilities,

@@ -32,9 +32,15 @@ from ledger.services.events import event_append_locked
 from ledger.services.transitions import operation_transition
 from ledger.states import State
 from toolops.errors import ServerNotFound, SubmitRefused
+from toolops.services.adapters_admin import adapter_assert_accepting
 from toolops.services.connections import adapter_for_server
+from toolops.services.negotiation import server_offers_tasks
 from toolops.services.observe import task_schedule_fields
-from toolops.services.results import operation_complete_sync, operation_record_terminal_seen
+from toolops.services.results import (
+    operation_complete_sync,
+    operation_fetch_and_accept,
+    operation_record_terminal_seen,
+)
 from toolops.services.servers import server_renegotiate
 
 logger = logging.getLogger("toolops.submit")
@@ -45,11 +51,7 @@ def _choose_mode(*, server: ToolServer, tool_name: str) -> tuple[str, dict[str, 
     tool = server.tools.get(tool_name)
     if tool is None:
         raise SubmitRefused(f"tool {tool_name!r} is not published by server {server.name!r}")
-    server_tasks = bool(
-        server.capabilities.get("tasks", {}).get("requests", {}).get("tools", {}).get("call")
-        is not None
-    )
-    if server_tasks and tool["task_support"] in ("optional", "required"):
+    if server_offers_tasks(server=server) and tool["task_support"] in ("optional", "required"):
         return "task", tool
     if tool["task_support"] == "required":
         raise SubmitRefused(
@@ -86,6 +88,9 @@ def _create_row(
     descriptor_version = tool["descriptor_digest"]
     lease = timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS))
     with transaction.atomic(durable=True):
+        # Draining/disabled adapters take no new rows; the lock orders this against a
+        # concurrent disable (toolops/services/adapters_admin.py).
+        adapter_assert_accepting(version=server.adapter_version)
         op = _insert_attempt(
             call_node_id=call_node_id,
             server=server,
@@ -218,6 +223,8 @@ def operation_submit(
             operation_id=op.id, from_state=State.SUBMITTING, lease_owner=owner, task=task,
             remote_id=task.remote_id,
         )
+        # Done on create (AIP-151 allows it): fetch and accept now, still under our lease.
+        operation_fetch_and_accept(operation_id=op.id, lease_owner=owner)
         return Operation.objects.get(id=op.id)
     operation_transition(
         operation_id=op.id, from_state=State.SUBMITTING,

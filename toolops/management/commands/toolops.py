@@ -35,10 +35,22 @@ class Command(BaseCommand):
         p: ArgumentParser = sub.add_parser("server-add", help="negotiate with and register a server")
         p.add_argument("name")
         p.add_argument("--url", required=True)
-        p.add_argument("--adapter", default="mcp-tasks/2025-11-25")
+        p.add_argument("--adapter", default="mcp-tasks/2025-11-25",
+                       help="an adapter version, or 'auto' to negotiate the shape")
+        p.add_argument("--adapter-options", default=None,
+                       help='JSON object of adapter settings (aip-151/v1: {"methods": {tool: '
+                            '{"http_method": "POST", "path": "v1/...:verb"}}, "operations_prefix": "v1"})')
         p.add_argument("--max-qps", type=float, default=10.0)
         p.add_argument("--sync-bounds", default=None,
                        help='JSON object: tool name -> synchronous upper bound in seconds')
+
+        p = sub.add_parser("adapter", help="list adapter versions; drain, enable or disable one")
+        action = p.add_mutually_exclusive_group(required=True)
+        action.add_argument("--list", action="store_true")
+        action.add_argument("--drain", metavar="VERSION")
+        action.add_argument("--enable", metavar="VERSION")
+        action.add_argument("--disable", metavar="VERSION")
+        p.add_argument("--reason", default="")
 
         p = sub.add_parser("submit", help="submit one tool call for a call node")
         p.add_argument("--server", required=True)
@@ -95,13 +107,28 @@ class Command(BaseCommand):
         bounds = _json_arg(opts["sync_bounds"], flag="--sync-bounds") or {}
         if not isinstance(bounds, dict):
             raise CommandError("--sync-bounds must be a JSON object")
+        options = _json_arg(opts["adapter_options"], flag="--adapter-options")
+        if options is not None and not isinstance(options, dict):
+            raise CommandError("--adapter-options must be a JSON object")
         server = server_add(
             name=opts["name"], url=opts["url"], adapter_version=opts["adapter"],
-            max_qps=opts["max_qps"], sync_bounds=bounds,
+            max_qps=opts["max_qps"], sync_bounds=bounds, options=options,
         )
         self._print({"name": server.name, "url": server.url, "adapter": server.adapter_version,
                      "protocol_version": server.protocol_version, "tools": sorted(server.tools),
                      "max_qps": server.max_qps})
+
+    def _adapter(self, opts: dict[str, Any]) -> None:
+        from toolops.services.adapters_admin import adapter_list, adapter_set_status
+
+        if opts["list"]:
+            self._print(adapter_list())
+            return
+        for status, flag in (("draining", "drain"), ("enabled", "enable"), ("disabled", "disable")):
+            if opts[flag]:
+                row = adapter_set_status(version=opts[flag], status=status, reason=opts["reason"])
+                self._print({"adapter_version": row.adapter_version, "status": row.status})
+                return
 
     def _submit(self, opts: dict[str, Any]) -> None:
         from toolops.services.submit import operation_submit

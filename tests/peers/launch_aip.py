@@ -1,0 +1,81 @@
+"""Start the AIP-151 fake (tests/peers/aip151_server.py) as a subprocess; helpers for its controls.
+
+Importable without Django: only the standard library and httpx.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.peers.launch import REPO_ROOT, _free_port, _read, _stop
+
+STARTUP_TIMEOUT_S = 20.0
+# The fake's tool method and operations prefix, as a server-add would configure them.
+AIP_OPTIONS: dict[str, Any] = {
+    "operations_prefix": "v1",
+    "list_path": "v1/projects/p/locations/l/operations",
+    "methods": {"render": {"http_method": "POST", "path": "v1/projects/p/locations/l/jobs:run"}},
+}
+
+
+def aip_stats(base_url: str) -> dict[str, Any]:
+    response = httpx.get(f"{base_url}/_fake/stats", timeout=5.0)
+    response.raise_for_status()
+    return dict(response.json())
+
+
+def aip_faults(base_url: str, **controls: Any) -> None:
+    """e.g. faults=[{"status": 503, "count": 2, "retryAfter": "1", "match": "get"}],
+    dropAfterCommit=1, unimplemented=["cancel"]."""
+    httpx.post(f"{base_url}/_fake/faults", json=controls, timeout=5.0).raise_for_status()
+
+
+def aip_reset(base_url: str) -> None:
+    httpx.post(f"{base_url}/_fake/reset", timeout=5.0).raise_for_status()
+
+
+@contextmanager
+def running_aip_server() -> Iterator[str]:
+    """Run the fake on a free port; yield its base URL (http://127.0.0.1:PORT)."""
+    with tempfile.TemporaryDirectory(prefix="aip-fake-") as tmp:
+        log_path = Path(tmp) / "stderr.log"
+        last_error = ""
+        for _attempt in range(3):
+            port = _free_port()
+            cmd = [sys.executable, "-m", "tests.peers.aip151_server", "--host", "127.0.0.1",
+                   "--port", str(port)]
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=log)
+            url = f"http://127.0.0.1:{port}"
+            try:
+                if _wait_ready(proc, url):
+                    yield url
+                    return
+                last_error = _read(log_path)
+                if "address already in use" not in last_error.lower():
+                    break
+            finally:
+                _stop(proc)
+        raise RuntimeError(f"AIP-151 fake did not start: {cmd}\n--- stderr ---\n{last_error}")
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str) -> bool:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            aip_stats(url)
+            return True
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    return False
