@@ -22,15 +22,19 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 import httpx
 
 from adapters.base import (
+    KEY_DEDUP_RESEND,
     FetchedResult,
     InputWindow,
     Negotiated,
     RemoteTask,
+    ResendRequest,
     SubmitOutcome,
     ToolDescriptor,
 )
@@ -283,13 +287,35 @@ class Aip151Adapter:
         task = self._create(tool=tool, arguments=arguments, submission_key=submission_key)
         return SubmitOutcome(task=task, sync_result=None, raw=task.raw)
 
-    def lookup_by_key(self, *, tool: str, arguments: dict[str, Any], submission_key: str) -> RemoteTask:
+    def key_resolution_modes(self, *, server_capabilities: Mapping[str, Any]) -> frozenset[str]:
+        # AIP-155: the service deduplicates on request_id, so resending the identical create is
+        # the lookup by key. No list filter exists, so there is no candidate scan.
+        return frozenset({KEY_DEDUP_RESEND})
+
+    def lookup_by_key(
+        self,
+        *,
+        submission_key: str,
+        created_after: datetime,
+        server_capabilities: Mapping[str, Any] | None = None,
+        submitted_session: str | None = None,
+        resend: ResendRequest | None = None,
+    ) -> RemoteTask | None:
         """Resend the identical create with the same request_id: the same operation comes back.
 
         Only within the server's dedupe window; after a long outage the caller should not
-        rely on it (it could create a second operation) but reconcile instead.
+        rely on it (it could create a second operation) but reconcile instead. Without the
+        original request there is nothing to resend, so no proof either way.
         """
-        return self._create(tool=tool, arguments=arguments, submission_key=submission_key)
+        if resend is None:
+            return None
+        return self._create(tool=resend.tool, arguments=resend.arguments,
+                            submission_key=submission_key)
+
+    def candidates_by_window(
+        self, *, created_after: datetime, created_before: datetime
+    ) -> list[RemoteTask]:
+        return []
 
     def call_sync(
         self, *, tool: str, arguments: dict[str, Any], timeout_s: float, submission_key: str

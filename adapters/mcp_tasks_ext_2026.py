@@ -19,6 +19,8 @@ from __future__ import annotations
 import base64
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -29,6 +31,7 @@ from adapters.base import (
     InputWindow,
     Negotiated,
     RemoteTask,
+    ResendRequest,
     ServerRequest,
     SubmitOutcome,
     ToolDescriptor,
@@ -399,6 +402,27 @@ class McpTasksExt2026Adapter:
 
     def list_tasks(self) -> list[RemoteTask]:
         raise TaskNotSupportedError("the tasks extension has no tasks/list", detail={})
+
+    def key_resolution_modes(self, *, server_capabilities: Mapping[str, Any]) -> frozenset[str]:
+        # The extension has no tasks/list and no lookup by any client key (mcp-tasks.md section 5):
+        # a lost create answer cannot be resolved automatically, only by an operator.
+        return frozenset()
+
+    def lookup_by_key(
+        self,
+        *,
+        submission_key: str,
+        created_after: datetime,
+        server_capabilities: Mapping[str, Any] | None = None,
+        submitted_session: str | None = None,
+        resend: ResendRequest | None = None,
+    ) -> RemoteTask | None:
+        return None
+
+    def candidates_by_window(
+        self, *, created_after: datetime, created_before: datetime
+    ) -> list[RemoteTask]:
+        return []
 
     def close(self) -> None:
         self._rpc.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 
@@ -24,6 +25,7 @@ from adapters import (
     adapter_for,
 )
 from adapters.aip151 import Aip151Adapter, _remote_task
+from adapters.base import ResendRequest
 from tests.peers.launch_aip import AIP_OPTIONS, aip_faults, aip_reset, aip_stats
 
 TERMINAL = {"completed", "failed", "cancelled"}
@@ -177,7 +179,10 @@ def test_lost_answers_on_every_attempt_end_as_lost_response_then_lookup_by_key(
     aip_faults(aip_url, dropAfterCommit=3)
     with pytest.raises(LostResponseError):
         _submit(adapter, key, seconds=0.2)
-    found = adapter.lookup_by_key(tool="render", arguments={"seconds": 0.2}, submission_key=key)
+    found = adapter.lookup_by_key(
+        submission_key=key, created_after=datetime.now(UTC),
+        resend=ResendRequest(tool="render", arguments={"seconds": 0.2}, ttl_ms=None),
+    )
     stats = aip_stats(aip_url)
     assert stats["create_requests"][key] == 4  # three lost sends, then the lookup
     assert stats["counters"]["created"] - before == 1
