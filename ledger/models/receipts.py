@@ -46,6 +46,12 @@ class OutboxEvent(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     published_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
+    # Relay claim (toolops/services/outbox.py): not claimable before this time. A claim pushes it
+    # one lease ahead, so a relay that dies mid-delivery releases the row when the lease ends; a
+    # failed delivery pushes it one backoff ahead.
+    available_at = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.CharField(max_length=100, blank=True)
+    last_error = models.TextField(blank=True)
 
     class Meta:
         indexes = [
