@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from config.env import env_float, env_int, env_str
-from config.settings.base import INSTALLED_APPS
 
-INSTALLED_APPS = [
-    *INSTALLED_APPS,
+# Appended to INSTALLED_APPS by config/settings/__init__.py (names here must not collide with base:
+# the star imports there are sorted, so a collision would be order-dependent).
+API_INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
@@ -68,6 +68,6 @@ TOOLOPS_OUTBOX_BACKOFF_MAX_SECONDS = env_float("TOOLOPS_OUTBOX_BACKOFF_MAX_SECON
 # --- Structured JSON logs (toolops/logging.py): operation identity on every line, redacted ---
 from toolops.logging import logging_config  # noqa: E402
 
-LOGGING = logging_config(level=env_str("TOOLOPS_LOG_LEVEL", "WARNING"))
+API_LOGGING = logging_config(level=env_str("TOOLOPS_LOG_LEVEL", "WARNING"))
 # Task name the Celery outbox handler enqueues (toolops.services.outbox.outbox_celery_handler).
 TOOLOPS_OUTBOX_CELERY_TASK = env_str("TOOLOPS_OUTBOX_CELERY_TASK", "toolops.outbox_event")

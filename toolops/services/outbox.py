@@ -120,7 +120,7 @@ def outbox_relay(*, handler: OutboxHandler | str | None = None, limit: int | Non
         event = outbox_event_message(row=row)
         try:
             fn(event=event, idempotency_key=str(row.receipt_id))
-        except Exception as exc:  # noqa: BLE001 - any handler error means "not delivered, retry"
+        except Exception as exc:
             _mark_failed(row=row, owner=owner, error=f"{type(exc).__name__}: {exc}")
             stats.failed += 1
             stats.errors.append(f"{row.receipt_id}: {type(exc).__name__}")

@@ -21,12 +21,12 @@ from ledger.services.acceptance import operation_accept_terminal
 from ledger.services.transitions import operation_transition, operation_update_guarded
 from ledger.states import State
 from toolops.services.connections import adapter_for_server
-from toolops.services.output_defense import operation_defend_result
 from toolops.services.observe import (
     RELEASE,
     operation_reschedule_after_error,
     operation_to_reconciliation,
 )
+from toolops.services.output_defense import operation_defend_result
 
 
 class ResultRejected(Exception):
