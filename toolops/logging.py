@@ -12,13 +12,17 @@ replaced by its size so a log still says that something was there.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import structlog
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 OPERATION_FIELDS = ("operation_id", "call_node_id", "server", "adapter_version")
 
@@ -154,3 +158,24 @@ def operation_log_context_for(op: Any) -> Any:
 
 def stdlib_logger(name: str) -> logging.Logger:
     return logging.getLogger(name)
+
+
+def operation_logged(fn: Callable[P, R]) -> Callable[P, R]:
+    """Decorator for services called with `operation_id=`: their log lines carry the operation's
+    identity. Costs one indexed read; a missing row logs with the id alone."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        from ledger.models import Operation
+
+        operation_id = kwargs.get("operation_id")
+        op = (Operation.objects.select_related("server").only(
+            "id", "call_node_id", "adapter_version", "server__name").filter(id=operation_id).first()
+            if operation_id is not None else None)
+        if op is None:
+            with structlog.contextvars.bound_contextvars(operation_id=str(operation_id)):
+                return fn(*args, **kwargs)
+        with operation_log_context_for(op):
+            return fn(*args, **kwargs)
+
+    return wrapper

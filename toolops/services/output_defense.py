@@ -148,6 +148,7 @@ def operation_defend_result(
     # Imported here: observe imports results, which imports this module.
     from ledger.digests import canonical_digest
     from ledger.services.events import operation_record_event
+    from toolops.logging import get_logger
     from toolops.metrics import output_rejected_inc
     from toolops.services.observe import operation_to_reconciliation
 
@@ -159,6 +160,10 @@ def operation_defend_result(
     output_rejected_inc(server=op.server.name, policy=policy)
     evidence = {"reasons": verdict.reasons, "rejected_result_digest": digest,
                 "observed_status": terminal_status, "policy": policy}
+    # Reasons stay in the ledger (they may quote result values); the log names only the count.
+    get_logger("toolops.output_defense").warning(
+        "result rejected by output defense", policy=policy, reason_count=len(verdict.reasons),
+        rejected_result_digest=digest)
     if policy == POLICY_RECONCILE:
         # The rejected body is not stored in `result`: a stored digest would let a later resolution
         # accept it without passing the pipeline again. Its digest is the evidence.

@@ -20,6 +20,7 @@ from ledger.models import Operation
 from ledger.services.acceptance import operation_accept_terminal
 from ledger.services.transitions import operation_transition, operation_update_guarded
 from ledger.states import State
+from toolops.logging import operation_logged
 from toolops.services.connections import adapter_for_server
 from toolops.services.observe import (
     RELEASE,
@@ -101,6 +102,7 @@ def _store_result(*, op: Operation, lease_owner: str, stored: dict[str, Any],
     )
 
 
+@operation_logged
 def operation_fetch_and_accept(*, operation_id: uuid.UUID, lease_owner: str) -> str:
     op = Operation.objects.select_related("server").get(id=operation_id)
     if op.state == State.TERMINAL_OBSERVED:
@@ -152,6 +154,7 @@ def operation_fetch_and_accept(*, operation_id: uuid.UUID, lease_owner: str) -> 
     return _accept_from_row(operation_id=op.id)
 
 
+@operation_logged
 def operation_complete_sync(
     *, operation_id: uuid.UUID, lease_owner: str, result: FetchedResult
 ) -> str:
