@@ -15,9 +15,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import uuid
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 import structlog
 
@@ -168,7 +169,7 @@ def operation_logged(fn: Callable[P, R]) -> Callable[P, R]:
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         from ledger.models import Operation
 
-        operation_id = kwargs.get("operation_id")
+        operation_id = cast("uuid.UUID | str | None", kwargs.get("operation_id"))
         op = (Operation.objects.select_related("server").only(
             "id", "call_node_id", "adapter_version", "server__name").filter(id=operation_id).first()
             if operation_id is not None else None)

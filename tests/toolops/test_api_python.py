@@ -30,7 +30,8 @@ def test_embedding_flow_submit_get_consume(ref: str, mcp_url: str) -> None:
                          arguments={"seconds": 0.2, "value": "teal"}, idempotency_key="plan-7/step-3/try-1")
     assert isinstance(op, api.OperationView) and op.state == State.WORKING and op.receipt is None
     again = api.submit_call(server=ref, tool="sleep_then_complete", call_node_id="plan-7/step-3",
-                            arguments={"seconds": 0.2, "value": "teal"}, idempotency_key="plan-7/step-3/try-1")
+                            arguments={"seconds": 0.2, "value": "teal"},
+                            idempotency_key="plan-7/step-3/try-1")
     assert again.id == op.id
     with pytest.raises(api.IdempotencyMismatch):
         api.submit_call(server=ref, tool="sleep_then_complete", call_node_id="plan-7/step-3",
@@ -70,7 +71,7 @@ def test_tenant_scoping_in_the_python_api(ref: str) -> None:
                                 params={"message": "?"}, schema_digest="sha256:s",
                                 deadline=timezone.now() + timedelta(hours=1))
     (open_round,) = api.list_open_input_requests(tenant="acme")
-    assert open_round.operation_id == op.id and open_round.round == 1 and open_round.schema_digest == "sha256:s"
+    assert (open_round.operation_id, open_round.round, open_round.schema_digest) == (op.id, 1, "sha256:s")
     assert api.list_open_input_requests(tenant="globex") == []
 
 

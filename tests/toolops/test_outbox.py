@@ -130,7 +130,7 @@ def test_concurrent_relays_never_deliver_one_event_twice() -> None:
         try:
             while outbox_relay(handler=handler, limit=4).claimed:
                 pass
-        except BaseException as exc:  # noqa: BLE001 - surfaced by the assertion below
+        except BaseException as exc:
             errors.append(exc)
         finally:
             connection.close()

@@ -52,7 +52,8 @@ def test_output_schema_is_enforced_on_successful_results() -> None:
     assert result_defend(op=op, stored=_stored(_text("teal", {"value": "teal"})),
                          terminal_status="completed").ok
     bad = result_defend(op=op, stored=_stored(_text("x", {"value": "Teal-42"})), terminal_status="completed")
-    assert not bad.ok and "structuredContent['value']" in bad.reasons[0] and "does not match" in bad.reasons[0]
+    assert not bad.ok
+    assert "structuredContent['value']" in bad.reasons[0] and "does not match" in bad.reasons[0]
     extra = result_defend(op=op, stored=_stored(_text("x", {"value": "a", "leak": 1})),
                           terminal_status="completed")
     assert "Additional properties are not allowed" in extra.reasons[0]
@@ -99,7 +100,8 @@ def test_custom_hooks_by_dotted_path() -> None:
     op = _op_with_schema(None)
     with override_settings(TOOLOPS_OUTPUT_VALIDATORS=["tests.toolops.test_output_defense.forbid_word"]):
         assert result_defend(op=op, stored=_stored(_text("fine")), terminal_status="completed").ok
-        verdict = result_defend(op=op, stored=_stored(_text("a forbidden thing")), terminal_status="completed")
+        verdict = result_defend(op=op, stored=_stored(_text("a forbidden thing")),
+                                terminal_status="completed")
         assert verdict.reasons == ["forbidden word in render output"]
 
 
