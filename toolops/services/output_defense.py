@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
 from django.conf import settings
 from django.utils.module_loading import import_string
 
@@ -76,6 +75,9 @@ def _schema_check(*, op: Operation, payload: dict[str, Any]) -> list[str]:
     # successful results; a tool error reports in content and is not held to the schema).
     if "structuredContent" not in payload:
         return ["tool declares an outputSchema but the result has no structuredContent"]
+    # Imported on first use: workers that never meet an outputSchema do not pay for it at start-up.
+    import jsonschema
+
     try:
         validator_cls = jsonschema.validators.validator_for(schema)
         validator_cls.check_schema(schema)
