@@ -21,7 +21,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["toolops.rest.permissions.IsTenantMember"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "toolops.rest.pagination.BoundedLimitOffsetPagination",
     # Bounded pages: a list never loads a whole tenant's ledger into one response.
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "toolops.rest.errors.api_exception_handler",

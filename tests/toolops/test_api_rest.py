@@ -187,6 +187,9 @@ def test_invalid_submissions_are_refused_and_write_nothing(server: ToolServer, a
         {"server": "ref", "tool": "sleep_then_complete", "call_node_id": "n", "ttl_ms": 0},
         {"server": "ref", "tool": "sleep_then_complete", "call_node_id": "n",
          "arguments": {"v": "nul\u0000byte"}},
+        # Found by the schemathesis run: beyond I-JSON, canonical digests cannot represent it.
+        {"server": "ref", "tool": "sleep_then_complete", "call_node_id": "n",
+         "arguments": {"v": [2**53]}},
         {"server": "ref", "tool": "no_such_tool", "call_node_id": "n"},
         {"server": "nope", "tool": "sleep_then_complete", "call_node_id": "n"},
     ]
@@ -225,3 +228,12 @@ def test_cancel_answer_and_resolve_report_501_when_their_services_are_absent(
         else:
             assert response.status_code != 501
     assert alice.get(f"/api/operations/{uuid.uuid4()}/").status_code == 404
+
+
+def test_page_bounds_are_clamped_not_passed_to_sql(server: ToolServer, alice: APIClient) -> None:
+    """Found by the schemathesis run: a limit past bigint reached SQL as a 500."""
+    huge = str(10**40)
+    for params in ({"limit": huge}, {"offset": huge}, {"limit": "-5", "offset": "-1"}):
+        response = alice.get("/api/operations/", params)
+        assert response.status_code == 200, (params, response.content)
+        assert response.json()["results"] == []

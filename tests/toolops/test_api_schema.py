@@ -18,6 +18,7 @@ from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
 from rest_framework.test import APIClient
+from schemathesis.checks import response_schema_conformance
 
 from ledger.models import InputRequest, ReconciliationItem
 from tests.ledger.factories import OperationFactory, ToolServerFactory
@@ -67,8 +68,9 @@ def no_server_error(ctx: object, response: Any, case: schemathesis.Case) -> bool
 @schema.parametrize()
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None,
           suppress_health_check=list(HealthCheck))
-def test_no_generated_request_gets_a_server_error(case: schemathesis.Case, seeded_token: str) -> None:
-    case.call_and_validate(headers={"Authorization": seeded_token}, checks=[no_server_error])
+def test_no_server_error_and_responses_match_the_schema(case: schemathesis.Case, seeded_token: str) -> None:
+    case.call_and_validate(headers={"Authorization": seeded_token},
+                           checks=[no_server_error, response_schema_conformance])
 
 
 def test_schema_lists_every_endpoint_and_the_idempotency_header(db: None) -> None:

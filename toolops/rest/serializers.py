@@ -17,7 +17,7 @@ from ledger.models import (
     TerminalReceipt,
     ToolServer,
 )
-from ledger.states import State
+from ledger.states import State, TerminalStatus
 
 # Arguments larger than this are refused before anything is written (a tool call, not an upload).
 MAX_ARGUMENTS_BYTES = 256 * 1024
@@ -25,6 +25,8 @@ MAX_ARGUMENTS_BYTES = 256 * 1024
 MAX_ARGUMENTS_DEPTH = 32
 # The ledger column is a PositiveBigIntegerField; a day-sized cap keeps requested ttls sane.
 MAX_TTL_MS = 30 * 24 * 3600 * 1000
+# I-JSON (RFC 7493) integer range: what RFC 8785 canonical digests (ledger/digests.py) can represent.
+MAX_SAFE_INTEGER = 2**53 - 1
 
 
 def _check_json(value: Any, depth: int = 0) -> None:
@@ -34,6 +36,10 @@ def _check_json(value: Any, depth: int = 0) -> None:
         # PostgreSQL text and jsonb cannot store U+0000.
         if "\x00" in value:
             raise serializers.ValidationError("strings may not contain U+0000")
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SAFE_INTEGER:
+        raise serializers.ValidationError(
+            f"integers must be within +/-{MAX_SAFE_INTEGER} (I-JSON, RFC 7493); send larger ones as strings"
+        )
     elif isinstance(value, dict):
         for k, v in value.items():
             _check_json(k, depth + 1)
@@ -88,6 +94,9 @@ class OutboxSerializer(serializers.ModelSerializer):
 
 class OperationSerializer(serializers.ModelSerializer):
     server = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    # Blank until a terminal status is observed; declared so the schema admits "".
+    terminal_status = serializers.ChoiceField(choices=TerminalStatus.choices, allow_blank=True,
+                                              read_only=True)
 
     class Meta:
         model = Operation
@@ -141,6 +150,9 @@ class AnswerSerializer(serializers.Serializer):
 
 
 class ReconciliationItemSerializer(serializers.ModelSerializer):
+    resolution = serializers.ChoiceField(choices=ReconciliationItem.Resolution.choices, allow_blank=True,
+                                         read_only=True)
+
     class Meta:
         model = ReconciliationItem
         fields = ["id", "operation", "reason", "evidence", "deadline", "status", "resolution",
