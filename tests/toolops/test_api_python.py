@@ -84,3 +84,10 @@ def test_cancel_and_answer_name_their_missing_service(ref: str) -> None:
     if importlib.util.find_spec("toolops.services.inputs") is None:
         with pytest.raises(api.FeatureUnavailable, match=r"toolops\.services\.inputs"):
             api.answer_input(operation_id=op.id, input_round=1, schema_digest="sha256:s", response={})
+
+
+def test_arguments_the_ledger_cannot_digest_are_refused_before_any_write(ref: str) -> None:
+    with pytest.raises(api.ToolopsError, match="RFC 8785"):
+        api.submit_call(server=ref, tool="sleep_then_complete", call_node_id="n-big",
+                        arguments={"seconds": 0.1, "value": "v", "n": 2**60})
+    assert Operation.objects.count() == 0

@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import rfc8785
+
 from ledger.digests import canonical_digest
 from ledger.models import Operation
 from ledger.states import State
@@ -39,8 +41,12 @@ def submission_digest_of(
     *, server_name: str, tool_name: str, call_node_id: str, arguments: dict[str, Any],
     ttl_ms: int | None,
 ) -> str:
-    return canonical_digest({"server": server_name, "tool": tool_name, "call_node_id": call_node_id,
-                             "arguments": arguments, "ttl_ms": ttl_ms})
+    try:
+        return canonical_digest({"server": server_name, "tool": tool_name, "call_node_id": call_node_id,
+                                 "arguments": arguments, "ttl_ms": ttl_ms})
+    except rfc8785.CanonicalizationError as exc:
+        # Checked before any row is written: arguments the ledger cannot digest are refused whole.
+        raise ToolopsError(f"arguments are not representable as canonical JSON (RFC 8785): {exc}") from exc
 
 
 def _replay(*, op: Operation, digest: str) -> Operation:
