@@ -144,3 +144,20 @@ def test_concurrent_relays_never_deliver_one_event_twice() -> None:
     keys = [key for key, _ in handler.calls]
     assert sorted(keys) == sorted(receipts)  # every event once, none twice
     assert OutboxEvent.objects.filter(published_at__isnull=True).count() == 0
+
+
+def test_management_command_runs_one_relay_pass() -> None:
+    import io
+    import json as jsonlib
+
+    from django.core.management import call_command
+
+    accepted_operation()
+    accepted_operation()
+    out = io.StringIO()
+    call_command("toolops_outbox", "--handler", "tests.toolops.test_outbox.always_fails", stdout=out)
+    assert jsonlib.loads(out.getvalue())["failed"] == 2
+    out = io.StringIO()
+    call_command("toolops_outbox", stdout=out)  # default handler (signal) after the backoff:
+    assert jsonlib.loads(out.getvalue())["claimed"] == 0  # both rows are still backing off
+    assert OutboxEvent.objects.filter(published_at__isnull=True, attempts=1).count() == 2
