@@ -13,3 +13,7 @@ class SubmitRefused(ToolopsError):
 
 class ServerNotFound(ToolopsError):
     pass
+
+
+class SubmissionKeyTaken(ToolopsError):
+    """An operation with this submission key already exists (an Idempotency-Key replay or race)."""

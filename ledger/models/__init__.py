@@ -6,13 +6,16 @@ from ledger.models.operations import Operation, OperationEvent
 from ledger.models.receipts import OutboxEvent, TerminalReceipt
 from ledger.models.reconciliation import EffectReconciliation, ReconciliationItem
 from ledger.models.servers import ToolServer
+from ledger.models.tenancy import Membership, Organisation
 
 __all__ = [
     "AdapterState",
     "EffectReconciliation",
     "InputRequest",
+    "Membership",
     "Operation",
     "OperationEvent",
+    "Organisation",
     "OutboxEvent",
     "ReconciliationItem",
     "TerminalReceipt",

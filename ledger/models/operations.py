@@ -25,6 +25,10 @@ class Operation(models.Model):
     # "task" (MCP task / LRO) or "sync" (the tool's published synchronous bound).
     execution_mode = models.CharField(max_length=8, default="task")
     submission_key = models.CharField(max_length=64, unique=True)
+    # Organisation slug (ledger/models/tenancy.py); blank for embedded/CLI use without tenancy.
+    tenant = models.CharField(max_length=100, blank=True, default="", db_index=True)
+    # Digest of the submission as the caller sent it (Idempotency-Key replays compare it).
+    submission_digest = models.CharField(max_length=80, blank=True, default="")
     remote_id = models.CharField(max_length=300, blank=True, db_index=True)
 
     state = models.CharField(max_length=32, choices=State.choices, default=State.SUBMITTING)
@@ -68,7 +72,7 @@ class Operation(models.Model):
             # nothing was created) frees the call node for a new attempt; an abandoned or
             # unresolved one keeps it, because its remote work may still exist.
             models.UniqueConstraint(
-                fields=["call_node_id", "execution_epoch"],
+                fields=["tenant", "call_node_id", "execution_epoch"],
                 condition=~Q(state="NOT_FOUND_SAFE"),
                 name="op_one_live_attempt_per_node_epoch",
             ),

@@ -13,6 +13,8 @@ class TerminalReceipt(models.Model):
     """The one accepted terminal state of a call node (per execution epoch)."""
 
     operation = models.OneToOneField(Operation, on_delete=models.PROTECT, related_name="receipt")
+    # Call node ids are the caller's names, unique only within one tenant.
+    tenant = models.CharField(max_length=100, blank=True, default="")
     call_node_id = models.CharField(max_length=200)
     execution_epoch = models.PositiveIntegerField()
     terminal_status = models.CharField(max_length=16, choices=TerminalStatus.choices)
@@ -29,7 +31,8 @@ class TerminalReceipt(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["call_node_id", "execution_epoch"], name="receipt_one_per_call_node_epoch"
+                fields=["tenant", "call_node_id", "execution_epoch"],
+                name="receipt_one_per_call_node_epoch"
             ),
         ]
 
@@ -46,6 +49,12 @@ class OutboxEvent(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     published_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
+    # Relay claim (toolops/services/outbox.py): not claimable before this time. A claim pushes it
+    # one lease ahead, so a relay that dies mid-delivery releases the row when the lease ends; a
+    # failed delivery pushes it one backoff ahead.
+    available_at = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.CharField(max_length=100, blank=True)
+    last_error = models.TextField(blank=True)
 
     class Meta:
         indexes = [

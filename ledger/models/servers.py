@@ -28,6 +28,8 @@ class ToolServer(models.Model):
     # name -> seconds: the synchronous upper bound published for tools without task support.
     sync_bounds = models.JSONField(default=dict, blank=True)
     max_qps = models.FloatField(default=10.0)
+    # Owning organisation slug; blank = shared by every tenant.
+    tenant = models.CharField(max_length=100, blank=True, default="", db_index=True)
     negotiated_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

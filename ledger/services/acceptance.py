@@ -73,6 +73,7 @@ def _accept_locked(
     try:
         receipt = TerminalReceipt.objects.create(
             operation=op,
+            tenant=op.tenant,
             call_node_id=op.call_node_id,
             execution_epoch=op.execution_epoch,
             terminal_status=terminal_status,

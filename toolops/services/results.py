@@ -20,12 +20,14 @@ from ledger.models import Operation
 from ledger.services.acceptance import operation_accept_terminal
 from ledger.services.transitions import operation_transition, operation_update_guarded
 from ledger.states import State
+from toolops.logging import operation_logged
 from toolops.services.connections import adapter_for_server
 from toolops.services.observe import (
     RELEASE,
     operation_reschedule_after_error,
     operation_to_reconciliation,
 )
+from toolops.services.output_defense import operation_defend_result
 
 
 class ResultRejected(Exception):
@@ -86,19 +88,21 @@ def _accept_from_row(*, operation_id: uuid.UUID) -> str:
     return f"accepted:{receipt.terminal_status}"
 
 
-def _store_result(*, op: Operation, lease_owner: str, stored: dict[str, Any]) -> bool:
+def _store_result(*, op: Operation, lease_owner: str, stored: dict[str, Any],
+                  terminal_status: str) -> bool:
     digest = canonical_digest(stored)
     return operation_update_guarded(
         operation_id=op.id, state=State.FETCHING_RESULT, execution_epoch=op.execution_epoch,
         cancel_generation=op.cancel_generation, lease_owner=lease_owner,
         updates={"result": stored, "result_kind": stored["kind"], "result_digest": digest,
-                 "next_poll_at": None},
+                 "terminal_status": terminal_status, "next_poll_at": None},
         event_kind="result_fetched",
         event_data={"result_digest": digest, "kind": stored["kind"],
                     "is_error": stored["is_error"]},
     )
 
 
+@operation_logged
 def operation_fetch_and_accept(*, operation_id: uuid.UUID, lease_owner: str) -> str:
     op = Operation.objects.select_related("server").get(id=operation_id)
     if op.state == State.TERMINAL_OBSERVED:
@@ -141,11 +145,18 @@ def operation_fetch_and_accept(*, operation_id: uuid.UUID, lease_owner: str) -> 
                 evidence={"error": str(exc)},
             )
             return "result_rejected"
-        if not _store_result(op=op, lease_owner=lease_owner, stored=stored):
+        # Tool output defense: a result that fails is never accepted as a success.
+        defended = operation_defend_result(op=op, lease_owner=lease_owner, stored=stored,
+                                           terminal_status=op.terminal_status)
+        if defended is None:
+            return "output_rejected"
+        stored, status = defended
+        if not _store_result(op=op, lease_owner=lease_owner, stored=stored, terminal_status=status):
             return "stale_lease"
     return _accept_from_row(operation_id=op.id)
 
 
+@operation_logged
 def operation_complete_sync(
     *, operation_id: uuid.UUID, lease_owner: str, result: FetchedResult
 ) -> str:
@@ -167,7 +178,12 @@ def operation_complete_sync(
         return "stale"
     op.refresh_from_db()
     stored = _stored_result(status=status, fetched=result, status_message="")
-    if not _store_result(op=op, lease_owner=lease_owner, stored=stored):
+    defended = operation_defend_result(op=op, lease_owner=lease_owner, stored=stored,
+                                       terminal_status=status)
+    if defended is None:
+        return "output_rejected"
+    stored, status = defended
+    if not _store_result(op=op, lease_owner=lease_owner, stored=stored, terminal_status=status):
         return "stale_lease"
     outcome = _accept_from_row(operation_id=op.id)
     Operation.objects.filter(id=op.id, lease_owner=lease_owner).update(**RELEASE)

@@ -11,7 +11,7 @@ import logging
 import secrets
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -31,7 +31,7 @@ from ledger.models import Operation, ToolServer
 from ledger.services.events import event_append_locked
 from ledger.services.transitions import operation_transition
 from ledger.states import State
-from toolops.errors import ServerNotFound, SubmitRefused
+from toolops.errors import ServerNotFound, SubmissionKeyTaken, SubmitRefused
 from toolops.services.adapters_admin import adapter_assert_accepting
 from toolops.services.connections import adapter_for_server
 from toolops.services.negotiation import server_offers_tasks
@@ -83,40 +83,62 @@ def _insert_attempt(**fields: Any) -> Operation:
 def _create_row(
     *, server: ToolServer, tool_name: str, tool: dict[str, Any], call_node_id: str,
     arguments: dict[str, Any], ttl_ms: int | None, mode: str, lease_owner: str,
+    tenant: str, submission_key: str | None, submission_digest: str,
 ) -> Operation:
     now = timezone.now()
     descriptor_version = tool["descriptor_digest"]
     lease = timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS))
-    with transaction.atomic(durable=True):
-        # Draining/disabled adapters take no new rows; the lock orders this against a
-        # concurrent disable (toolops/services/adapters_admin.py).
-        adapter_assert_accepting(version=server.adapter_version)
-        op = _insert_attempt(
-            call_node_id=call_node_id,
-            server=server,
-            tool_name=tool_name,
-            descriptor_version=descriptor_version,
-            request_digest=request_digest(
-                tool_name=tool_name, arguments=arguments, descriptor_version=descriptor_version
-            ),
-            body={"name": tool_name, "arguments": arguments, "ttl_ms": ttl_ms},
-            adapter_version=server.adapter_version,
-            execution_mode=mode,
-            submission_key=secrets.token_hex(16),
-            state=State.SUBMITTING,
-            lease_owner=lease_owner,
-            lease_expires_at=now + lease,
-            # If this process dies before recording the outcome, the dispatcher finds the row
-            # when the lease ends and moves it to SUBMISSION_UNKNOWN (never a resend).
-            next_poll_at=now + lease,
-            ttl_ms=ttl_ms,
-            expires_at=now + timedelta(seconds=float(settings.TOOLOPS_WAIT_BUDGET_SECONDS)),
-        )
-        event_append_locked(
-            operation_id=op.id, kind="created", to_state=State.SUBMITTING,
-            execution_epoch=op.execution_epoch, cancel_generation=op.cancel_generation,
-            data={"submission_key": op.submission_key, "mode": mode},
-        )
+    try:
+        with transaction.atomic(durable=True):
+            return _insert_row(
+                now=now, lease=lease, server=server, tool_name=tool_name, call_node_id=call_node_id,
+                arguments=arguments, ttl_ms=ttl_ms, mode=mode, lease_owner=lease_owner,
+                tenant=tenant, submission_key=submission_key or secrets.token_hex(16),
+                submission_digest=submission_digest, descriptor_version=descriptor_version,
+            )
+    except IntegrityError as exc:
+        if submission_key is None:
+            raise
+        # The unique submission key is the guard: a concurrent submit with the same key won.
+        raise SubmissionKeyTaken(submission_key) from exc
+
+
+def _insert_row(
+    *, now: datetime, lease: timedelta, server: ToolServer, tool_name: str, call_node_id: str,
+    arguments: dict[str, Any], ttl_ms: int | None, mode: str, lease_owner: str, tenant: str,
+    submission_key: str, submission_digest: str, descriptor_version: str,
+) -> Operation:
+    # Draining/disabled adapters take no new rows; the lock orders this against a
+    # concurrent disable (toolops/services/adapters_admin.py).
+    adapter_assert_accepting(version=server.adapter_version)
+    op = _insert_attempt(
+        call_node_id=call_node_id,
+        server=server,
+        tool_name=tool_name,
+        descriptor_version=descriptor_version,
+        request_digest=request_digest(
+            tool_name=tool_name, arguments=arguments, descriptor_version=descriptor_version
+        ),
+        body={"name": tool_name, "arguments": arguments, "ttl_ms": ttl_ms},
+        adapter_version=server.adapter_version,
+        execution_mode=mode,
+        submission_key=submission_key,
+        tenant=tenant,
+        submission_digest=submission_digest,
+        state=State.SUBMITTING,
+        lease_owner=lease_owner,
+        lease_expires_at=now + lease,
+        # If this process dies before recording the outcome, the dispatcher finds the row
+        # when the lease ends and moves it to SUBMISSION_UNKNOWN (never a resend).
+        next_poll_at=now + lease,
+        ttl_ms=ttl_ms,
+        expires_at=now + timedelta(seconds=float(settings.TOOLOPS_WAIT_BUDGET_SECONDS)),
+    )
+    event_append_locked(
+        operation_id=op.id, kind="created", to_state=State.SUBMITTING,
+        execution_epoch=op.execution_epoch, cancel_generation=op.cancel_generation,
+        data={"submission_key": op.submission_key, "mode": mode},
+    )
     return op
 
 
@@ -157,11 +179,22 @@ def operation_submit(
     call_node_id: str,
     arguments: dict[str, Any] | None = None,
     ttl_ms: int | None = None,
+    tenant: str = "",
+    submission_key: str | None = None,
+    submission_digest: str = "",
 ) -> Operation:
+    """Submit one call. `submission_key` (else a random one) is the key the server dedups on.
+
+    A tenant sees only its own servers and the shared ones (blank tenant); a given key that is
+    already taken raises SubmissionKeyTaken (toolops/services/idempotency.py turns that into a replay).
+    """
     try:
         server = ToolServer.objects.get(name=server_name)
     except ToolServer.DoesNotExist as exc:
         raise ServerNotFound(f"no tool server named {server_name!r}") from exc
+    if tenant and server.tenant not in ("", tenant):
+        # Same message as a missing server: another tenant's server names are not disclosed.
+        raise ServerNotFound(f"no tool server named {server_name!r}")
     if server.status != ToolServer.Status.ENABLED:
         raise SubmitRefused(f"server {server_name!r} is {server.status}: no new submissions")
     if not call_node_id:
@@ -174,6 +207,7 @@ def operation_submit(
     op = _create_row(
         server=server, tool_name=tool_name, tool=tool, call_node_id=call_node_id,
         arguments=args, ttl_ms=ttl_ms, mode=mode, lease_owner=owner,
+        tenant=tenant, submission_key=submission_key, submission_digest=submission_digest,
     )
     try:
         outcome = _send(op=op, server=server)

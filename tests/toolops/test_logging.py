@@ -1,0 +1,83 @@
+"""Structured JSON logs: operation identity on every line, secrets and results redacted."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import logging.config
+from collections.abc import Iterator
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from ledger.models import ToolServer
+from toolops.logging import get_logger, logging_config, operation_log_context
+from toolops.runner import run_embedded
+from toolops.services.servers import server_add
+from toolops.services.submit import operation_submit
+
+FIELDS = ("operation_id", "call_node_id", "server", "adapter_version")
+
+
+@pytest.fixture
+def stream() -> Iterator[io.StringIO]:
+    """What the project's JSON logging config writes, captured; the settings' config is restored."""
+    out = io.StringIO()
+    config = logging_config(level="INFO")
+    config["handlers"]["console"]["stream"] = out
+    logging.config.dictConfig(config)
+    yield out
+    logging.config.dictConfig(settings.LOGGING)
+
+
+def test_every_line_names_the_operation_fields(stream: io.StringIO) -> None:
+    log = get_logger("toolops.test")
+    with operation_log_context(operation_id="op-1", call_node_id="node-1", server="ref",
+                               adapter_version="mcp-tasks/2025-11-25"):
+        log.info("inside", attempt=2)
+        logging.getLogger("ledger.test").warning("stdlib %s", "inside")
+    log.info("outside")
+    parsed = [json.loads(x) for x in stream.getvalue().splitlines()]
+    assert [p["event"] for p in parsed] == ["inside", "stdlib inside", "outside"]
+    for p in parsed[:2]:
+        assert {f: p[f] for f in FIELDS} == {"operation_id": "op-1", "call_node_id": "node-1",
+                                             "server": "ref", "adapter_version": "mcp-tasks/2025-11-25"}
+    assert all(parsed[2][f] is None for f in FIELDS)  # present on every line, null outside
+    assert parsed[0]["attempt"] == 2 and parsed[0]["level"] == "info" and "timestamp" in parsed[0]
+
+
+def test_secrets_and_results_never_reach_the_log(stream: io.StringIO) -> None:
+    get_logger("toolops.test").warning(
+        "call", api_token="tok-123", headers={"Authorization": "Bearer sekrit", "x-ok": "1"},
+        arguments={"q": "private question"}, payload={"content": [{"text": "full result"}]},
+        nested=[{"password": "pw", "result": "r" * 50}], count=3,
+    )
+    text = stream.getvalue()
+    for secret in ("tok-123", "sekrit", "private question", "full result", "pw\"", "rrrrr"):
+        assert secret not in text
+    line = json.loads(text.splitlines()[-1])
+    assert line["api_token"] == "[redacted]" and line["headers"]["Authorization"] == "[redacted]"
+    assert line["headers"]["x-ok"] == "1" and line["count"] == 3
+    assert line["arguments"].startswith("[redacted ") and line["payload"].startswith("[redacted ")
+
+
+@pytest.mark.django_db
+def test_a_real_rejection_logs_its_operation_and_no_result(stream: io.StringIO, mcp_url: str) -> None:
+    server = server_add(name="ref", url=mcp_url)
+    tools = dict(server.tools)
+    tools["sleep_then_complete"]["descriptor"]["outputSchema"] = {
+        "type": "object", "properties": {"value": {"const": "never"}}, "required": ["value"]}
+    ToolServer.objects.filter(pk=server.pk).update(tools=tools)
+    with override_settings(TOOLOPS_OUTPUT_DEFENSE_POLICY="reconcile"):
+        op = operation_submit(server_name="ref", tool_name="sleep_then_complete", call_node_id="n-log",
+                              arguments={"seconds": 0.1, "value": "secret-value-xyz"}, ttl_ms=60_000)
+        run_embedded(until_idle=True, max_seconds=30)
+    text = stream.getvalue()
+    parsed = [json.loads(x) for x in text.splitlines()]
+    rejected = [p for p in parsed if p["event"] == "result rejected by output defense"]
+    assert len(rejected) == 1
+    assert rejected[0]["operation_id"] == str(op.id) and rejected[0]["call_node_id"] == "n-log"
+    assert rejected[0]["server"] == "ref" and rejected[0]["adapter_version"] == op.adapter_version
+    assert "secret-value-xyz" not in text

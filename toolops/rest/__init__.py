@@ -1,0 +1,1 @@
+"""The REST API (Django REST framework). Views are thin: each calls one function of toolops.api."""

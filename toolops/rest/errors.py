@@ -1,0 +1,40 @@
+"""Map executor and ledger refusals to HTTP statuses; nothing a caller can send yields a 500."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler
+
+from ledger.errors import LedgerError
+from toolops.api import OperationNotVisible
+from toolops.errors import ServerNotFound, SubmissionKeyTaken, ToolopsError
+from toolops.services.cancel import CancelRefused
+from toolops.services.idempotency import IdempotencyInProgress, IdempotencyMismatch
+from toolops.services.inputs import InputAnswerRefused
+from toolops.services.reconcile import AlreadyResolved
+
+# Most specific first: the first isinstance match decides.
+STATUS_BY_ERROR: tuple[tuple[type[Exception], int], ...] = (
+    (OperationNotVisible, status.HTTP_404_NOT_FOUND),
+    (IdempotencyMismatch, status.HTTP_422_UNPROCESSABLE_ENTITY),
+    (IdempotencyInProgress, status.HTTP_409_CONFLICT),
+    (SubmissionKeyTaken, status.HTTP_409_CONFLICT),
+    # The row's state no longer allows it (already terminal, round answered, item resolved).
+    (CancelRefused, status.HTTP_409_CONFLICT),
+    (InputAnswerRefused, status.HTTP_409_CONFLICT),
+    (AlreadyResolved, status.HTTP_409_CONFLICT),
+    (ServerNotFound, status.HTTP_400_BAD_REQUEST),
+    (ToolopsError, status.HTTP_400_BAD_REQUEST),
+    # A guarded write lost its race or the state table refused it: the state moved on.
+    (LedgerError, status.HTTP_409_CONFLICT),
+)
+
+
+def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    for cls, code in STATUS_BY_ERROR:
+        if isinstance(exc, cls):
+            return Response({"detail": str(exc), "error": type(exc).__name__}, status=code)
+    return exception_handler(exc, context)
