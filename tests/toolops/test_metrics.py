@@ -124,11 +124,13 @@ def test_metrics_from_live_processes_during_an_end_to_end_run(mcp_url: str, web_
 
     api.consume_outbox(handler=lambda *, event, idempotency_key: None)
     assert _value(_scrape(web_b), "toolops_outbox_unpublished") == 0
-    # A replayed submission is counted as such, not as a new one.
-    r = httpx.post(f"{web_b}/api/operations/", json=bodies[0], headers={**auth, "Idempotency-Key": "k1"},
+    # A replayed submission is counted as such, not as a new one. (A new call node: n-0 already
+    # has its accepted attempt, and a call node gets a second attempt only after NOT_FOUND_SAFE.)
+    replay = {**bodies[0], "call_node_id": "n-replay"}
+    r = httpx.post(f"{web_b}/api/operations/", json=replay, headers={**auth, "Idempotency-Key": "k1"},
                    timeout=30)
     assert r.status_code == 201
-    r = httpx.post(f"{web_a}/api/operations/", json=bodies[0], headers={**auth, "Idempotency-Key": "k1"},
+    r = httpx.post(f"{web_a}/api/operations/", json=replay, headers={**auth, "Idempotency-Key": "k1"},
                    timeout=30)
     assert r.status_code == 200
     final = _scrape(web_a)

@@ -303,7 +303,7 @@ def test_expired_with_receipt_proceeds_to_acceptance(mcp_url: str) -> None:
     fetched = adapter.fetch_result(remote_id=op.remote_id, timeout_s=10)
     adapter.close()
     op.refresh_from_db()
-    assert _store_result(op=op, lease_owner=owner,
+    assert _store_result(op=op, lease_owner=owner, terminal_status="completed",
                          stored=_stored_result(status="completed", fetched=fetched, status_message=""))
     _wait_gone(server, op.remote_id, mcp_url)
     Operation.objects.filter(id=op.id).update(lease_owner="", lease_expires_at=None,
