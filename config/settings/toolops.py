@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from config.env import env_float, env_int
+from config.env import env_float, env_int, env_str
 
 # How long a claimed row belongs to one worker. A worker that dies stops renewing nothing; the row is
 # re-claimed after this, so it bounds the stall after a crash. Longer than one poll round trip.
@@ -25,3 +25,17 @@ TOOLOPS_HTTP_TIMEOUT_SECONDS = env_float("TOOLOPS_HTTP_TIMEOUT_SECONDS", 30.0)
 TOOLOPS_MAX_RESULT_BYTES = env_int("TOOLOPS_MAX_RESULT_BYTES", 8 * 1024 * 1024)
 # Retries of a submit whose request provably never left (connection refused), same key each time.
 TOOLOPS_SUBMIT_UNSENT_RETRIES = env_int("TOOLOPS_SUBMIT_UNSENT_RETRIES", 3)
+# Backoff after 429/503/transport errors: full jitter over base * 2**(errors-1) seconds, capped.
+# The cap keeps a recovered server from waiting minutes for its first poll.
+TOOLOPS_BACKOFF_BASE_SECONDS = env_float("TOOLOPS_BACKOFF_BASE_SECONDS", 1.0)
+TOOLOPS_BACKOFF_CAP_SECONDS = env_float("TOOLOPS_BACKOFF_CAP_SECONDS", 60.0)
+# QPS buckets: "redis" (fleet; shared by every worker) or "local" (embedded, one process). Empty
+# picks by database: SQLite means embedded. The Redis URL defaults to the broker's.
+TOOLOPS_QPS_BACKEND = env_str("TOOLOPS_QPS_BACKEND", "")
+TOOLOPS_QPS_REDIS_URL = env_str("TOOLOPS_QPS_REDIS_URL", "")
+# Bucket capacity. 1 spaces requests 1/qps apart, so no one-second window exceeds the cap; a larger
+# burst lets a second see up to burst-1 more requests than the configured QPS.
+TOOLOPS_QPS_BURST = env_float("TOOLOPS_QPS_BURST", 1.0)
+# A submit refused a QPS token waits at most this long for one (the caller is blocked on it);
+# beyond that the row is closed as never sent (NOT_FOUND_SAFE) and the caller may try again.
+TOOLOPS_SUBMIT_MAX_TOKEN_WAIT_SECONDS = env_float("TOOLOPS_SUBMIT_MAX_TOKEN_WAIT_SECONDS", 5.0)

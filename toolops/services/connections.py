@@ -1,19 +1,51 @@
-"""Adapters per tool server, cached per process so HTTP connections are pooled.
+"""Adapters per tool server, cached per process so HTTP connections are pooled, and the one gate
+every protocol call passes: `server_call` takes a token from the server's QPS bucket first.
 
 The cache key includes the session id: when a session is replaced, the old adapter is not reused.
 """
 
 from __future__ import annotations
 
+import random
 import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TypeVar
 
+import httpx
 from django.conf import settings
+from django.utils import timezone
 
 from adapters import TaskAdapter, adapter_for
 from ledger.models import ToolServer
+from toolops.qps import qps_bucket, retry_spread_seconds, server_bucket_key
+
+T = TypeVar("T")
+
+# The protocol calls that count against a server's cap (all of them: the cap is per server).
+PURPOSES = frozenset({"submit", "poll", "result", "cancel", "lookup", "input"})
 
 _lock = threading.Lock()
 _cache: dict[tuple[int, str, str, str], TaskAdapter] = {}
+_transport_factory: Callable[[ToolServer], httpx.BaseTransport | None] | None = None
+_rng = random.SystemRandom()
+
+
+class RateLimited(Exception):
+    """No token for this server now. Nothing was sent; the caller re-schedules at `retry_at`."""
+
+    def __init__(self, *, server_id: int, purpose: str, retry_at: datetime) -> None:
+        super().__init__(f"server {server_id}: QPS cap reached for {purpose}; retry at {retry_at}")
+        self.server_id = server_id
+        self.purpose = purpose
+        self.retry_at = retry_at
+
+
+def connections_use_transport(factory: Callable[[ToolServer], httpx.BaseTransport | None] | None) -> None:
+    """Route new adapters through an httpx transport (fault-injecting proxies, in-process peers)."""
+    global _transport_factory
+    adapters_close_all()
+    _transport_factory = factory
 
 
 def adapter_for_server(*, server: ToolServer) -> TaskAdapter:
@@ -26,9 +58,31 @@ def adapter_for_server(*, server: ToolServer) -> TaskAdapter:
                 url=server.url,
                 session_id=server.session_id or None,
                 timeout_s=float(settings.TOOLOPS_HTTP_TIMEOUT_SECONDS),
+                transport=_transport_factory(server) if _transport_factory is not None else None,
             )
             _cache[key] = adapter
         return adapter
+
+
+def server_token_take(*, server: ToolServer, purpose: str) -> None:
+    """Take one token or raise RateLimited with a retry time spread over the refused callers."""
+    if purpose not in PURPOSES:
+        raise ValueError(f"unknown call purpose {purpose!r}; known: {sorted(PURPOSES)}")
+    rate = float(server.max_qps)
+    take = qps_bucket().take(key=server_bucket_key(server_id=server.pk), rate=rate, purpose=purpose)
+    if take.granted:
+        return
+    # Full jitter over the time the bucket needs to serve everyone refused this second: the
+    # refused callers come back spread out, not as one herd at the next refill.
+    delay = take.wait_s + _rng.uniform(0.0, retry_spread_seconds(take=take, rate=rate))
+    raise RateLimited(server_id=server.pk, purpose=purpose,
+                      retry_at=timezone.now() + timedelta(seconds=delay))
+
+
+def server_call(*, server: ToolServer, purpose: str, fn: Callable[[TaskAdapter], T]) -> T:
+    """Run one adapter call under the server's QPS cap. No token: RateLimited, nothing sent."""
+    server_token_take(server=server, purpose=purpose)
+    return fn(adapter_for_server(server=server))
 
 
 def adapters_close_all() -> None:
