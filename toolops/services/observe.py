@@ -21,7 +21,12 @@ from ledger.errors import IllegalTransition
 from ledger.models import Operation, OperationEvent
 from ledger.services.transitions import operation_transition, operation_update_guarded
 from ledger.states import State
-from toolops.scheduling import next_poll_after_error_at, next_poll_at, poll_deadline_reason
+from toolops.scheduling import (
+    backoff_window_seconds,
+    next_poll_after_error_at,
+    next_poll_at,
+    poll_deadline_reason,
+)
 from toolops.services.connections import RateLimited, server_call
 
 logger = logging.getLogger("toolops.poll")
@@ -80,6 +85,7 @@ def operation_reschedule_after_error(
     """Record a failed protocol call and try again later (backoff, full jitter, Retry-After as a
     floor, never past the expiry); the row does not advance."""
     retry_after = error.retry_after if isinstance(error, TransientError) else None
+    errors = _consecutive_errors(operation_id=op.id) + 1
     operation_update_guarded(
         operation_id=op.id, state=op.state, execution_epoch=op.execution_epoch,
         lease_owner=lease_owner,
@@ -87,13 +93,13 @@ def operation_reschedule_after_error(
             **RELEASE,
             "next_poll_at": next_poll_after_error_at(
                 now=timezone.now(), poll_interval_ms=op.poll_interval_ms, expires_at=op.expires_at,
-                consecutive_errors=_consecutive_errors(operation_id=op.id) + 1,
-                retry_after_s=retry_after,
+                consecutive_errors=errors, retry_after_s=retry_after,
             ),
         },
         event_kind=kind,
         event_data={"error": str(error), "type": type(error).__name__, "detail": error.detail,
-                    "retry_after": retry_after},
+                    "retry_after": retry_after, "consecutive_errors": errors,
+                    "backoff_window_s": backoff_window_seconds(consecutive_errors=errors)},
     )
 
 
