@@ -172,3 +172,31 @@ def test_a_submit_without_a_token_sends_nothing_and_is_proven_safe(
     assert op.state == State.NOT_FOUND_SAFE
     event = OperationEvent.objects.get(operation=op, kind="submit_refused_by_server")
     assert event.data["detail"] == {"rate_limited": True}
+
+
+@pytest.mark.django_db
+def test_polls_report_counts_what_was_sent_against_the_cap(
+    slow_server: ToolServer, faults: FaultTransport
+) -> None:
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from toolops.runner import run_embedded
+
+    ToolServer.objects.filter(pk=slow_server.pk).update(max_qps=4.0)
+    op = operation_submit(server_name=slow_server.name, tool_name="sleep_then_complete",
+                          call_node_id="n-report", arguments={"seconds": 1.0, "value": "v"},
+                          ttl_ms=60_000)
+    run_embedded(until_idle=True, max_seconds=20)
+    assert Operation.objects.get(id=op.id).state == State.ACCEPTED
+    out = StringIO()
+    call_command("toolops", "polls", "--json", "--server", slow_server.name, stdout=out)
+    (row,) = json.loads(out.getvalue())["servers"]
+    sent = {m: faults.methods.count(m) for m in ("tools/call", "tasks/get", "tasks/result")}
+    assert row["requests_by_purpose"] == {"submit": sent["tools/call"], "poll": sent["tasks/get"],
+                                          "result": sent["tasks/result"]}
+    assert row["total_requests"] == sum(sent.values())
+    assert row["configured_qps"] == 4.0 and 1 <= row["peak_requests_in_one_second"] <= 4
+    assert row["operations"] == 1 and row["polls_per_operation"] == sent["tasks/get"]

@@ -56,6 +56,10 @@ class Command(BaseCommand):
 
         sub.add_parser("demo", help="the README's main job against the reference server")
 
+        p = sub.add_parser("polls", help="per-server poll figures: configured QPS vs observed")
+        p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+        p.add_argument("--server", action="append", default=None, help="limit to these servers")
+
     def handle(self, *args: Any, **opts: Any) -> None:
         try:
             getattr(self, "_" + opts["subcommand"].replace("-", "_"))(opts)
@@ -104,6 +108,20 @@ class Command(BaseCommand):
 
         stats = run_embedded(until_idle=opts["until_idle"], max_seconds=opts["max_seconds"])
         self._print({"polls": stats.polls, "outcomes": stats.outcomes})
+
+    def _polls(self, opts: dict[str, Any]) -> None:
+        from toolops.services.poll_report import poll_report_servers
+
+        figures = [f.as_dict() for f in poll_report_servers(names=opts["server"])]
+        if opts["json"]:
+            self._print({"servers": figures})
+            return
+        columns = ("server", "configured_qps", "peak_requests_in_one_second",
+                   "peak_over_configured", "total_requests", "refused_tokens", "operations",
+                   "polls_per_operation")
+        self.stdout.write("  ".join(columns))
+        for row in figures:
+            self.stdout.write("  ".join(str(row[c]) for c in columns))
 
     def _demo(self, opts: dict[str, Any]) -> None:
         from toolops.demo import run_demo
