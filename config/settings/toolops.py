@@ -39,3 +39,6 @@ TOOLOPS_QPS_BURST = env_float("TOOLOPS_QPS_BURST", 1.0)
 # A submit refused a QPS token waits at most this long for one (the caller is blocked on it);
 # beyond that the row is closed as never sent (NOT_FOUND_SAFE) and the caller may try again.
 TOOLOPS_SUBMIT_MAX_TOKEN_WAIT_SECONDS = env_float("TOOLOPS_SUBMIT_MAX_TOKEN_WAIT_SECONDS", 5.0)
+# A refused token due within this long is waited for in place, once (never in a loop): cheaper
+# than re-scheduling through the ledger (a guarded UPDATE, a new claim). Longer waits re-schedule.
+TOOLOPS_QPS_INLINE_WAIT_SECONDS = env_float("TOOLOPS_QPS_INLINE_WAIT_SECONDS", 0.05)
