@@ -39,7 +39,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-import django  # noqa: E402
+import django
 
 django.setup()
 
@@ -50,7 +50,7 @@ from django.utils import timezone  # noqa: E402
 from ledger.digests import request_digest  # noqa: E402
 from ledger.models import Operation, ToolServer  # noqa: E402
 from ledger.states import State  # noqa: E402
-from toolops.qps import LocalTokenBucket, qps_bucket, qps_bucket_replace  # noqa: E402
+from toolops.qps import LocalTokenBucket, qps_bucket_replace  # noqa: E402
 from toolops.runner import run_embedded  # noqa: E402
 from toolops.services.connections import connections_use_transport  # noqa: E402
 from toolops.services.dispatch import operations_claim_due  # noqa: E402

@@ -32,6 +32,13 @@ class FaultTransport(httpx.BaseTransport):
         # Called with the method after the real reply was read and before it is returned:
         # a test blocks here to hold one poller's answer back.
         self.before_reply: Callable[[str], None] | None = None
+        # (method, notification): the next reply to `method` becomes an SSE stream carrying the
+        # notification before the real response, as a server pushing on an open stream does.
+        self._pushes: deque[tuple[str, dict[str, object]]] = deque()
+
+    def push_before_reply(self, *, method: str, notification: dict[str, object]) -> None:
+        with self._lock:
+            self._pushes.append((method, notification))
 
     def inject(self, fault: Fault, *, times: int = 1) -> None:
         with self._lock:
@@ -55,6 +62,20 @@ class FaultTransport(httpx.BaseTransport):
             return httpx.Response(fault.status, headers=fault.headers, request=request,
                                   content=b"")
         response = self._inner.handle_request(request)
+        with self._lock:
+            push = self._pushes[0] if self._pushes and self._pushes[0][0] == method else None
+            if push is not None:
+                self._pushes.popleft()
+        if push is not None:
+            body = response.read().decode()
+            if response.headers.get("content-type", "").startswith("application/json"):
+                body = f"event: message\ndata: {body}\n\n"
+            stream = f"event: message\ndata: {json.dumps(push[1])}\n\n{body}"
+            headers = {k: v for k, v in response.headers.items()
+                       if k.lower() not in ("content-length", "content-type", "content-encoding")}
+            response = httpx.Response(response.status_code, request=request,
+                                      headers={**headers, "content-type": "text/event-stream"},
+                                      content=stream.encode())
         if self.before_reply is not None:
             response.read()
             self.before_reply(method)

@@ -219,3 +219,42 @@ def test_a_late_working_answer_never_regresses_a_terminal_state(
     kinds = list(OperationEvent.objects.filter(operation=op).order_by("seq")
                  .values_list("kind", flat=True))
     assert kinds[-1] == "accepted" and "observed" not in kinds[kinds.index("terminal_observed"):]
+
+
+@pytest.fixture
+def pushing() -> Iterator[FaultTransport]:
+    transport = FaultTransport()
+    connections_use_transport(lambda _server: transport)
+    yield transport
+    connections_use_transport(None)
+    transport.close()
+
+
+def test_a_pushed_status_polls_sooner_but_is_never_a_terminal_fact(
+    mcp_url: str, pushing: FaultTransport
+) -> None:
+    srv = _server(mcp_url)
+    ops = [operation_submit(server_name=srv.name, tool_name="sleep_then_complete",
+                            call_node_id=f"n-push-{i}-{uuid.uuid4().hex[:6]}",
+                            arguments={"seconds": 30, "value": "v"}, ttl_ms=60_000)
+           for i in range(2)]
+    polled, pushed = ops
+    later = timezone.now() + timedelta(seconds=60)
+    Operation.objects.filter(id=pushed.id).update(next_poll_at=later)
+    events_before = OperationEvent.objects.filter(operation=pushed).count()
+    pushing.push_before_reply(method="tasks/get", notification={
+        "jsonrpc": "2.0", "method": "notifications/tasks/status",
+        "params": {"taskId": pushed.remote_id, "status": "completed", "createdAt": "x",
+                   "lastUpdatedAt": "x", "ttl": 60000}})
+    Operation.objects.filter(id=polled.id).update(next_poll_at=timezone.now())
+    assert operations_claim_due(owner="p") == [polled.id]
+    assert operation_poll(operation_id=polled.id, lease_owner="p") == "working"
+    row = Operation.objects.get(id=pushed.id)
+    assert row.next_poll_at is not None and row.next_poll_at <= timezone.now()
+    # a hint only: the pushed "completed" wrote no state, no server status and no event
+    assert row.state == State.WORKING and row.server_state == "working"
+    assert row.terminal_status == ""
+    assert OperationEvent.objects.filter(operation=pushed).count() == events_before
+    # and the poll it triggers asks the server, which says the task is still working
+    assert operations_claim_due(owner="q") == [pushed.id]
+    assert operation_poll(operation_id=pushed.id, lease_owner="q") == "working"

@@ -245,3 +245,16 @@ def test_a_429_on_the_result_fetch_keeps_the_row_fetching(
     kinds = list(OperationEvent.objects.filter(operation=op).values_list("kind", flat=True))
     assert "result_fetch_error" in kinds
     assert kinds.index("result_fetch_error") < kinds.index("result_fetched")
+
+
+@pytest.mark.django_db
+def test_a_202_accepted_answer_never_counts_as_completion(
+    server: ToolServer, faults: FaultTransport
+) -> None:
+    op = _submit(server, seconds=30)
+    faults.inject(Fault("tasks/get", 202))
+    outcome, _ = _poll_now(op)
+    assert outcome == "poll_error"
+    op.refresh_from_db()
+    assert op.state == State.WORKING and op.terminal_status == ""
+    assert _last_event(op).data["detail"]["http_status"] == 202

@@ -26,6 +26,8 @@ T = TypeVar("T")
 # The protocol calls that count against a server's cap (all of them: the cap is per server).
 PURPOSES = frozenset({"submit", "poll", "result", "cancel", "lookup", "input"})
 
+STATUS_NOTIFICATION = "notifications/tasks/status"
+
 _lock = threading.Lock()
 _cache: dict[tuple[int, str, str, str], TaskAdapter] = {}
 _transport_factory: Callable[[ToolServer], httpx.BaseTransport | None] | None = None
@@ -89,7 +91,30 @@ def server_token_take(*, server: ToolServer, purpose: str) -> None:
 def server_call(*, server: ToolServer, purpose: str, fn: Callable[[TaskAdapter], T]) -> T:
     """Run one adapter call under the server's QPS cap. No token: RateLimited, nothing sent."""
     server_token_take(server=server, purpose=purpose)
-    return fn(adapter_for_server(server=server))
+    adapter = adapter_for_server(server=server)
+    result = fn(adapter)
+    _pushed_status_poll_sooner(server=server, adapter=adapter)
+    return result
+
+
+def _pushed_status_poll_sooner(*, server: ToolServer, adapter: TaskAdapter) -> None:
+    """Status notifications the server pushed on a stream we had open: poll those tasks sooner."""
+    from toolops.services.dispatch import operations_poll_sooner
+
+    queue = getattr(adapter, "notifications", None)
+    if not queue:
+        return
+    with _lock:
+        messages = list(queue)
+        queue.clear()
+        # Other notifications stay for whoever reads them; only status pushes are consumed here.
+        queue.extend(m for m in messages if m.get("method") != STATUS_NOTIFICATION)
+    task_ids = [
+        str(m["params"]["taskId"]) for m in messages
+        if m.get("method") == STATUS_NOTIFICATION and isinstance(m.get("params"), dict)
+        and isinstance(m["params"].get("taskId"), str)
+    ]
+    operations_poll_sooner(server_id=server.pk, remote_ids=task_ids)
 
 
 def adapters_close_all() -> None:
