@@ -20,6 +20,8 @@ from datetime import datetime, timedelta
 from django.conf import settings
 
 _rng = random.SystemRandom()
+# See poll_deadline_reason: how far apart two timestamps taken in one submit can be.
+BUDGET_MATCH_SLACK_SECONDS = 1.0
 
 
 def _steady_floor(*, poll_interval_ms: int | None) -> float:
@@ -95,9 +97,18 @@ def wait_budget_ends_at(*, created_at: datetime) -> datetime:
 def poll_deadline_reason(
     *, now: datetime, created_at: datetime, expires_at: datetime | None
 ) -> str | None:
-    """Why polling must stop now, or None: our wait budget is spent, or the operation expired."""
-    if now >= wait_budget_ends_at(created_at=created_at):
-        return "wait_budget_exhausted"
-    if expires_at is not None and now >= expires_at:
-        return "expired"
-    return None
+    """Why polling must stop now, or None.
+
+    The deadline is `expires_at` (set at creation to the end of our wait budget, and lowered to the
+    server's ttl when that ends first), so whoever resolves a row by hand can extend it there.
+    Only a row without one falls back to the budget counted from its creation. The reason says
+    which limit it was: our budget, or the server's expiry.
+    """
+    budget_end = wait_budget_ends_at(created_at=created_at)
+    deadline = expires_at if expires_at is not None else budget_end
+    if now < deadline:
+        return None
+    # created_at is stamped a moment after the budget deadline was computed at submit: a deadline
+    # within this slack of the budget's end is the budget.
+    slack = timedelta(seconds=BUDGET_MATCH_SLACK_SECONDS)
+    return "wait_budget_exhausted" if deadline >= budget_end - slack else "expired"

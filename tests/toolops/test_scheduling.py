@@ -91,6 +91,12 @@ def test_deadline_reason_tells_budget_from_expiry(settings) -> None:
                                 expires_at=None) == "wait_budget_exhausted"
     assert poll_deadline_reason(now=now, created_at=now,
                                 expires_at=now - timedelta(seconds=1)) == "expired"
+    created = now - timedelta(seconds=61)
+    assert poll_deadline_reason(now=now, created_at=created,
+                                expires_at=created + timedelta(seconds=60)) == "wait_budget_exhausted"
+    # a deadline extended by hand (a resolver) is honoured past the original budget
+    assert poll_deadline_reason(now=now, created_at=created,
+                                expires_at=now + timedelta(seconds=30)) is None
 
 
 # -- over real HTTP --------------------------------------------------------------------------------
