@@ -229,7 +229,13 @@ def qps_bucket_replace(bucket: TokenBucket | None) -> None:
 
 
 def server_bucket_key(*, server_id: int) -> str:
-    return f"server:{server_id}"
+    """Namespaced by ledger database: server ids are per database, and two ledgers (a test run and
+    a benchmark, two deployments) sharing one Redis must not share buckets or counters."""
+    namespace = str(getattr(settings, "TOOLOPS_QPS_NAMESPACE", "") or "")
+    if not namespace:
+        db = settings.DATABASES["default"]
+        namespace = f"{db.get('HOST') or 'local'}:{db.get('PORT') or ''}:{db['NAME']}"
+    return f"{namespace}:server:{server_id}"
 
 
 def retry_spread_seconds(*, take: Take, rate: float) -> float:

@@ -42,3 +42,6 @@ TOOLOPS_SUBMIT_MAX_TOKEN_WAIT_SECONDS = env_float("TOOLOPS_SUBMIT_MAX_TOKEN_WAIT
 # A refused token due within this long is waited for in place, once (never in a loop): cheaper
 # than re-scheduling through the ledger (a guarded UPDATE, a new claim). Longer waits re-schedule.
 TOOLOPS_QPS_INLINE_WAIT_SECONDS = env_float("TOOLOPS_QPS_INLINE_WAIT_SECONDS", 0.05)
+# Prefix of a ledger's bucket keys in Redis; empty means the database's host, port and name, so
+# every worker of one ledger shares the buckets and no other ledger does.
+TOOLOPS_QPS_NAMESPACE = env_str("TOOLOPS_QPS_NAMESPACE", "")
