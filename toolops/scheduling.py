@@ -1,4 +1,16 @@
-"""When to poll next: the server's interval, never under a floor, plus jitter, inside the expiry."""
+"""When to poll next: the server's interval, never under a floor, plus jitter, inside the budget.
+
+Two delays:
+- steady: the server's suggested interval (`pollInterval`), or the default when it sends none,
+  never under the floor, plus jitter added on top (never subtracted), so the server's own pace is
+  never exceeded and a fleet does not poll in lock step;
+- after an error (429, 503, transport trouble): the steady lower bound, raised to the server's
+  `Retry-After` when it sent one, plus full jitter over an exponential window
+  (`base * 2**(errors-1)`, capped). The Retry-After is a floor, never shortened by jitter.
+
+Either is cut at the operation's deadline (`expires_at`: the earlier of the server's ttl and our
+wait budget), so the row gets one last look at its deadline, where it is classified.
+"""
 
 from __future__ import annotations
 
@@ -8,34 +20,95 @@ from datetime import datetime, timedelta
 from django.conf import settings
 
 _rng = random.SystemRandom()
+# See poll_deadline_reason: how far apart two timestamps taken in one submit can be.
+BUDGET_MATCH_SLACK_SECONDS = 1.0
 
 
-def poll_delay_seconds(*, poll_interval_ms: int | None, retry_after_s: float | None = None) -> float:
-    """The delay before the next poll.
-
-    The server's suggestion is the steady rate; a Retry-After overrides it when longer. Jitter is
-    added on top (never subtracted) so the server's pace is never exceeded.
-    """
+def _steady_floor(*, poll_interval_ms: int | None) -> float:
     floor = float(settings.TOOLOPS_POLL_FLOOR_SECONDS)
     base = (
         poll_interval_ms / 1000.0
         if poll_interval_ms is not None
         else float(settings.TOOLOPS_POLL_DEFAULT_SECONDS)
     )
+    return max(base, floor)
+
+
+def poll_delay_seconds(*, poll_interval_ms: int | None, retry_after_s: float | None = None) -> float:
+    """The steady delay before the next poll (a Retry-After, when given, is a floor)."""
+    base = _steady_floor(poll_interval_ms=poll_interval_ms)
     if retry_after_s is not None:
         base = max(base, retry_after_s)
-    base = max(base, floor)
     return base + _rng.uniform(0.0, base * float(settings.TOOLOPS_POLL_JITTER))
+
+
+def backoff_window_seconds(*, consecutive_errors: int) -> float:
+    """The width of the full-jitter window after `consecutive_errors` failed calls in a row."""
+    n = max(consecutive_errors, 1)
+    base = float(settings.TOOLOPS_BACKOFF_BASE_SECONDS)
+    cap = float(settings.TOOLOPS_BACKOFF_CAP_SECONDS)
+    # The exponent is clamped before the power so a long outage cannot overflow the float.
+    return min(cap, base * 2.0 ** min(n - 1, 30))
+
+
+def backoff_delay_seconds(
+    *, poll_interval_ms: int | None, consecutive_errors: int, retry_after_s: float | None
+) -> float:
+    """The delay after a failed call: max(steady floor, Retry-After) + U(0, backoff window)."""
+    lower = _steady_floor(poll_interval_ms=poll_interval_ms)
+    if retry_after_s is not None:
+        lower = max(lower, retry_after_s)
+    return lower + _rng.uniform(0.0, backoff_window_seconds(consecutive_errors=consecutive_errors))
+
+
+def _clamp(*, now: datetime, at: datetime, expires_at: datetime | None) -> datetime:
+    if expires_at is not None and at > expires_at:
+        return max(expires_at, now)
+    return at
 
 
 def next_poll_at(
     *, now: datetime, poll_interval_ms: int | None, expires_at: datetime | None,
     retry_after_s: float | None = None,
 ) -> datetime:
-    """The next poll time, never after the expiry (one last look at expiry classifies the row)."""
+    """The next steady poll time, never after the expiry."""
     at = now + timedelta(seconds=poll_delay_seconds(
         poll_interval_ms=poll_interval_ms, retry_after_s=retry_after_s
     ))
-    if expires_at is not None and at > expires_at:
-        return max(expires_at, now)
-    return at
+    return _clamp(now=now, at=at, expires_at=expires_at)
+
+
+def next_poll_after_error_at(
+    *, now: datetime, poll_interval_ms: int | None, expires_at: datetime | None,
+    consecutive_errors: int, retry_after_s: float | None,
+) -> datetime:
+    """The next poll after a failed call (backoff with full jitter), never after the expiry."""
+    at = now + timedelta(seconds=backoff_delay_seconds(
+        poll_interval_ms=poll_interval_ms, consecutive_errors=consecutive_errors,
+        retry_after_s=retry_after_s,
+    ))
+    return _clamp(now=now, at=at, expires_at=expires_at)
+
+
+def wait_budget_ends_at(*, created_at: datetime) -> datetime:
+    return created_at + timedelta(seconds=float(settings.TOOLOPS_WAIT_BUDGET_SECONDS))
+
+
+def poll_deadline_reason(
+    *, now: datetime, created_at: datetime, expires_at: datetime | None
+) -> str | None:
+    """Why polling must stop now, or None.
+
+    The deadline is `expires_at` (set at creation to the end of our wait budget, and lowered to the
+    server's ttl when that ends first), so whoever resolves a row by hand can extend it there.
+    Only a row without one falls back to the budget counted from its creation. The reason says
+    which limit it was: our budget, or the server's expiry.
+    """
+    budget_end = wait_budget_ends_at(created_at=created_at)
+    deadline = expires_at if expires_at is not None else budget_end
+    if now < deadline:
+        return None
+    # created_at is stamped a moment after the budget deadline was computed at submit: a deadline
+    # within this slack of the budget's end is the budget.
+    slack = timedelta(seconds=BUDGET_MATCH_SLACK_SECONDS)
+    return "wait_budget_exhausted" if deadline >= budget_end - slack else "expired"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from config.env import env_float, env_int
+from config.env import env_float, env_int, env_str
 
 # How long a claimed row belongs to one worker. A worker that dies stops renewing nothing; the row is
 # re-claimed after this, so it bounds the stall after a crash. Longer than one poll round trip.
@@ -31,3 +31,23 @@ TOOLOPS_RECONCILIATION_DEADLINE_SECONDS = env_float("TOOLOPS_RECONCILIATION_DEAD
 # How long automatic resolution of a SUBMISSION_UNKNOWN row (lookup by key) keeps trying before
 # the row goes to the manual queue. Well under the queue deadline, so an operator still has time.
 TOOLOPS_SUBMISSION_RESOLUTION_SECONDS = env_float("TOOLOPS_SUBMISSION_RESOLUTION_SECONDS", 120.0)
+# Backoff after 429/503/transport errors: full jitter over base * 2**(errors-1) seconds, capped.
+# The cap keeps a recovered server from waiting minutes for its first poll.
+TOOLOPS_BACKOFF_BASE_SECONDS = env_float("TOOLOPS_BACKOFF_BASE_SECONDS", 1.0)
+TOOLOPS_BACKOFF_CAP_SECONDS = env_float("TOOLOPS_BACKOFF_CAP_SECONDS", 60.0)
+# QPS buckets: "redis" (fleet; shared by every worker) or "local" (embedded, one process). Empty
+# picks by database: SQLite means embedded. The Redis URL defaults to the broker's.
+TOOLOPS_QPS_BACKEND = env_str("TOOLOPS_QPS_BACKEND", "")
+TOOLOPS_QPS_REDIS_URL = env_str("TOOLOPS_QPS_REDIS_URL", "")
+# Bucket capacity. 1 spaces requests 1/qps apart, so no one-second window exceeds the cap; a larger
+# burst lets a second see up to burst-1 more requests than the configured QPS.
+TOOLOPS_QPS_BURST = env_float("TOOLOPS_QPS_BURST", 1.0)
+# A submit refused a QPS token waits at most this long for one (the caller is blocked on it);
+# beyond that the row is closed as never sent (NOT_FOUND_SAFE) and the caller may try again.
+TOOLOPS_SUBMIT_MAX_TOKEN_WAIT_SECONDS = env_float("TOOLOPS_SUBMIT_MAX_TOKEN_WAIT_SECONDS", 5.0)
+# A refused token due within this long is waited for in place, once (never in a loop): cheaper
+# than re-scheduling through the ledger (a guarded UPDATE, a new claim). Longer waits re-schedule.
+TOOLOPS_QPS_INLINE_WAIT_SECONDS = env_float("TOOLOPS_QPS_INLINE_WAIT_SECONDS", 0.05)
+# Prefix of a ledger's bucket keys in Redis; empty means the database's host, port and name, so
+# every worker of one ledger shares the buckets and no other ledger does.
+TOOLOPS_QPS_NAMESPACE = env_str("TOOLOPS_QPS_NAMESPACE", "")

@@ -42,7 +42,7 @@ from ledger.services.transitions import operation_transition, operation_update_g
 from ledger.states import State
 from toolops.errors import ToolopsError
 from toolops.scheduling import next_poll_at
-from toolops.services.connections import adapter_for_server
+from toolops.services.connections import server_call
 from toolops.services.observe import RELEASE, operation_to_reconciliation
 
 logger = logging.getLogger("toolops.cancel")
@@ -120,9 +120,10 @@ def operation_cancel(*, operation_id: uuid.UUID) -> str:
 
 def _send_cancel(*, op: Operation, owner: str) -> str:
     """Send `tasks/cancel` for a CANCEL_REQUESTED row whose lease `owner` holds."""
-    adapter = adapter_for_server(server=op.server)
     try:
-        task = adapter.cancel(remote_id=op.remote_id)
+        # Under the server's QPS cap; no token raises RateLimited, a TransientError: not sent.
+        task = server_call(server=op.server, purpose="cancel",
+                           fn=lambda adapter: adapter.cancel(remote_id=op.remote_id))
     except AlreadyTerminalError as exc:
         return _already_terminal(op=op, lease_owner=owner, error=exc)
     except TransientError as exc:
@@ -160,11 +161,11 @@ def _ack_lost(*, op: Operation, lease_owner: str, error: AdapterError,
 
 def _already_terminal(*, op: Operation, lease_owner: str, error: AdapterError) -> str:
     """-32602 to tasks/cancel: read the real terminal state and accept that one."""
-    adapter = adapter_for_server(server=op.server)
     operation_record_event(operation_id=op.id, kind="cancel_already_terminal",
                            data={"error": str(error), "detail": error.detail})
     try:
-        task = adapter.get(remote_id=op.remote_id)
+        task = server_call(server=op.server, purpose="poll",
+                           fn=lambda adapter: adapter.get(remote_id=op.remote_id))
     except NotFoundError as exc:
         # -32602 also means "unknown id" (mcp-tasks.md 2.8): no proof of any terminal state.
         operation_to_reconciliation(
@@ -236,8 +237,10 @@ def operation_observe_cancel_pending(
 def _audit_fetch(*, op: Operation) -> dict[str, Any]:
     """Whatever `tasks/result` still returns after the cancel: audit material, never a payload."""
     try:
-        fetched: FetchedResult = adapter_for_server(server=op.server).fetch_result(
-            remote_id=op.remote_id, timeout_s=AUDIT_FETCH_TIMEOUT_S
+        fetched: FetchedResult = server_call(
+            server=op.server, purpose="result",
+            fn=lambda adapter: adapter.fetch_result(remote_id=op.remote_id,
+                                                    timeout_s=AUDIT_FETCH_TIMEOUT_S),
         )
     except AdapterError as exc:
         return {"kind": "unavailable", "payload": None, "is_error": False,

@@ -1,19 +1,63 @@
-"""Adapters per tool server, cached per process so HTTP connections are pooled.
+"""Adapters per tool server, cached per process so HTTP connections are pooled, and the one gate
+every protocol call passes: `server_call` takes a token from the server's QPS bucket first.
 
 The cache key includes the session id: when a session is replaced, the old adapter is not reused.
 """
 
 from __future__ import annotations
 
+import random
 import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TypeVar
 
+import httpx
 from django.conf import settings
+from django.utils import timezone
 
-from adapters import TaskAdapter, adapter_for
+from adapters import TaskAdapter, TransientError, adapter_for
 from ledger.models import ToolServer
+from toolops.qps import qps_bucket, retry_spread_seconds, server_bucket_key
+
+T = TypeVar("T")
+
+# The protocol calls that count against a server's cap (all of them: the cap is per server).
+PURPOSES = frozenset({"submit", "poll", "result", "cancel", "lookup", "input"})
+
+STATUS_NOTIFICATION = "notifications/tasks/status"
 
 _lock = threading.Lock()
 _cache: dict[tuple[int, str, str, str], TaskAdapter] = {}
+_transport_factory: Callable[[ToolServer], httpx.BaseTransport | None] | None = None
+_rng = random.SystemRandom()
+
+
+class RateLimited(TransientError):
+    """No token for this server now. Nothing was sent; the caller re-schedules at `retry_at`.
+
+    A TransientError (provably not sent, retry later), so call sites that handle adapter errors
+    generically (cancel, input, lookup) already do the right thing; hot paths (poll, result)
+    catch it first for a cheaper reschedule.
+    """
+
+    def __init__(self, *, server_id: int, purpose: str, retry_at: datetime) -> None:
+        super().__init__(
+            f"server {server_id}: QPS cap reached for {purpose}; nothing sent",
+            detail={"purpose": purpose, "retry_at": retry_at.isoformat()},
+            retry_after=max((retry_at - timezone.now()).total_seconds(), 0.0),
+        )
+        self.server_id = server_id
+        self.purpose = purpose
+        self.retry_at = retry_at
+
+
+def connections_use_transport(factory: Callable[[ToolServer], httpx.BaseTransport | None] | None) -> None:
+    """Route new adapters through an httpx transport (fault-injecting proxies, in-process peers)."""
+    global _transport_factory
+    adapters_close_all()
+    _transport_factory = factory
 
 
 def adapter_for_server(*, server: ToolServer) -> TaskAdapter:
@@ -28,9 +72,60 @@ def adapter_for_server(*, server: ToolServer) -> TaskAdapter:
                 timeout_s=float(settings.TOOLOPS_HTTP_TIMEOUT_SECONDS),
                 # Adapter settings negotiation stored (AIP-151: the configured methods).
                 options=(server.capabilities or {}).get("adapter_options"),
+                transport=_transport_factory(server) if _transport_factory is not None else None,
             )
             _cache[key] = adapter
         return adapter
+
+
+def server_token_take(*, server: ToolServer, purpose: str) -> None:
+    """Take one token or raise RateLimited with a retry time spread over the refused callers."""
+    if purpose not in PURPOSES:
+        raise ValueError(f"unknown call purpose {purpose!r}; known: {sorted(PURPOSES)}")
+    rate = float(server.max_qps)
+    bucket, key = qps_bucket(), server_bucket_key(server_id=server.pk)
+    take = bucket.take(key=key, rate=rate, purpose=purpose)
+    if not take.granted and take.wait_s <= float(settings.TOOLOPS_QPS_INLINE_WAIT_SECONDS):
+        # The token is due within a few milliseconds: one timed wait (never a loop) costs less
+        # than handing the row back to the ledger and claiming it again.
+        time.sleep(take.wait_s)
+        take = bucket.take(key=key, rate=rate, purpose=purpose)
+    if take.granted:
+        return
+    # Full jitter over the time the bucket needs to serve everyone refused this second: the
+    # refused callers come back spread out, not as one herd at the next refill.
+    delay = take.wait_s + _rng.uniform(0.0, retry_spread_seconds(take=take, rate=rate))
+    raise RateLimited(server_id=server.pk, purpose=purpose,
+                      retry_at=timezone.now() + timedelta(seconds=delay))
+
+
+def server_call(*, server: ToolServer, purpose: str, fn: Callable[[TaskAdapter], T]) -> T:
+    """Run one adapter call under the server's QPS cap. No token: RateLimited, nothing sent."""
+    server_token_take(server=server, purpose=purpose)
+    adapter = adapter_for_server(server=server)
+    result = fn(adapter)
+    _pushed_status_poll_sooner(server=server, adapter=adapter)
+    return result
+
+
+def _pushed_status_poll_sooner(*, server: ToolServer, adapter: TaskAdapter) -> None:
+    """Status notifications the server pushed on a stream we had open: poll those tasks sooner."""
+    from toolops.services.dispatch import operations_poll_sooner
+
+    queue = getattr(adapter, "notifications", None)
+    if not queue:
+        return
+    with _lock:
+        messages = list(queue)
+        queue.clear()
+        # Other notifications stay for whoever reads them; only status pushes are consumed here.
+        queue.extend(m for m in messages if m.get("method") != STATUS_NOTIFICATION)
+    task_ids = [
+        str(m["params"]["taskId"]) for m in messages
+        if m.get("method") == STATUS_NOTIFICATION and isinstance(m.get("params"), dict)
+        and isinstance(m["params"].get("taskId"), str)
+    ]
+    operations_poll_sooner(server_id=server.pk, remote_ids=task_ids)
 
 
 def adapters_close_all() -> None:

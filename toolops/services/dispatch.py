@@ -56,6 +56,25 @@ def operations_dispatch_due(*, enqueue: Callable[[uuid.UUID, str], None]) -> int
     return len(ids)
 
 
+def operations_poll_sooner(*, server_id: int, remote_ids: list[str]) -> int:
+    """A pushed status (`notifications/tasks/status`) makes its rows due now; nothing else.
+
+    The push is a hint, never a fact: no state or server status is written from it, only the
+    schedule, and the poll it triggers still takes a QPS token and goes through the same guards.
+    Leased rows are left alone (their poll is in flight), and so is INPUT_REQUIRED (it resumes
+    when its input is answered, not when the server talks).
+    """
+    if not remote_ids:
+        return 0
+    now = timezone.now()
+    return (
+        Operation.objects.filter(server_id=server_id, remote_id__in=remote_ids,
+                                 state__in=POLLABLE, next_poll_at__gt=now)
+        .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
+        .update(next_poll_at=now)
+    )
+
+
 def operations_next_due_at() -> datetime | None:
     """The earliest scheduled poll among claimable rows (None when nothing is scheduled)."""
     return (

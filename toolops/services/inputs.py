@@ -31,7 +31,7 @@ from ledger.services.events import event_append_locked, operation_record_event
 from ledger.services.transitions import operation_transition
 from ledger.states import State
 from toolops.errors import ToolopsError
-from toolops.services.connections import adapter_for_server
+from toolops.services.connections import server_call
 from toolops.services.observe import RELEASE, operation_reschedule_after_error
 
 logger = logging.getLogger("toolops.inputs")
@@ -83,8 +83,9 @@ def operation_open_input_round(
 ) -> str:
     """`input_required` seen while WORKING: read the server's request and open its round."""
     try:
-        window = adapter_for_server(server=op.server).read_input(
-            remote_id=op.remote_id, wait_s=INPUT_READ_WAIT_S
+        window = server_call(
+            server=op.server, purpose="input",
+            fn=lambda adapter: adapter.read_input(remote_id=op.remote_id, wait_s=INPUT_READ_WAIT_S),
         )
     except AdapterError as exc:
         operation_reschedule_after_error(op=op, lease_owner=lease_owner, error=exc,
@@ -248,8 +249,12 @@ def operation_answer_input(*, operation_id: uuid.UUID, input_round: int, schema_
         raise
     op = Operation.objects.select_related("server").get(id=operation_id)
     try:
-        adapter_for_server(server=op.server).answer_input(
-            request_id=checked.server_request_id, result=checked.result, remote_id=checked.remote_id,
+        server_call(
+            server=op.server, purpose="input",
+            fn=lambda adapter: adapter.answer_input(
+                request_id=checked.server_request_id, result=checked.result,
+                remote_id=checked.remote_id,
+            ),
         )
     except AdapterError as exc:
         operation_record_event(operation_id=operation_id, kind="input_delivery_failed",

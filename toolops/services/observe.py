@@ -19,20 +19,29 @@ from adapters import (
 )
 from adapters.base import RemoteTask
 from ledger.errors import IllegalTransition
-from ledger.models import Operation
+from ledger.models import Operation, OperationEvent
 from ledger.services.transitions import operation_transition, operation_update_guarded
 from ledger.states import State
-from toolops.scheduling import next_poll_at
-from toolops.services.connections import adapter_for_server
+from toolops.scheduling import (
+    backoff_window_seconds,
+    next_poll_after_error_at,
+    next_poll_at,
+    poll_deadline_reason,
+)
+from toolops.services.connections import RateLimited, server_call
 from toolops.services.reconcile import operation_to_reconciliation
 
-__all__ = ["operation_poll", "operation_reschedule_after_error", "operation_to_reconciliation",
-           "task_schedule_fields"]
+__all__ = ["operation_poll", "operation_reschedule_after_error", "operation_reschedule_rate_limited",
+           "operation_to_reconciliation", "task_schedule_fields"]
 
 logger = logging.getLogger("toolops.poll")
 
 TERMINAL_SERVER_STATUSES = frozenset({"completed", "failed", "cancelled"})
 RELEASE: dict[str, Any] = {"lease_owner": "", "lease_expires_at": None}
+# Event kinds of a failed protocol call: a run of them at the head of the log sets the backoff.
+ERROR_EVENT_KINDS = frozenset({"poll_error", "result_fetch_error"})
+# Looking further back than this cannot change the backoff: the window is capped long before.
+BACKOFF_LOOKBACK_EVENTS = 16
 
 
 def _task_expiry(*, task: RemoteTask, now: datetime) -> datetime | None:
@@ -62,25 +71,56 @@ def task_schedule_fields(*, op: Operation, task: RemoteTask, now: datetime) -> d
     }
 
 
+def _consecutive_errors(*, operation_id: uuid.UUID) -> int:
+    """Failed calls in a row at the head of the event log (read only on the error path)."""
+    kinds = OperationEvent.objects.filter(operation_id=operation_id).order_by("-seq").values_list(
+        "kind", flat=True
+    )[:BACKOFF_LOOKBACK_EVENTS]
+    count = 0
+    for kind in kinds:
+        if kind not in ERROR_EVENT_KINDS:
+            break
+        count += 1
+    return count
+
+
 def operation_reschedule_after_error(
     *, op: Operation, lease_owner: str, error: AdapterError, kind: str
 ) -> None:
-    """Record a failed protocol call and try again later; the row does not advance."""
+    """Record a failed protocol call and try again later (backoff, full jitter, Retry-After as a
+    floor, never past the expiry); the row does not advance."""
     retry_after = error.retry_after if isinstance(error, TransientError) else None
-    backoff = min(2.0 ** min(op.poll_attempts, 6), 60.0)
+    errors = _consecutive_errors(operation_id=op.id) + 1
     operation_update_guarded(
         operation_id=op.id, state=op.state, execution_epoch=op.execution_epoch,
         lease_owner=lease_owner,
         updates={
             **RELEASE,
-            "next_poll_at": next_poll_at(
-                now=timezone.now(), poll_interval_ms=op.poll_interval_ms, expires_at=None,
-                retry_after_s=max(retry_after or 0.0, backoff),
+            "next_poll_at": next_poll_after_error_at(
+                now=timezone.now(), poll_interval_ms=op.poll_interval_ms, expires_at=op.expires_at,
+                consecutive_errors=errors, retry_after_s=retry_after,
             ),
         },
         event_kind=kind,
-        event_data={"error": str(error), "type": type(error).__name__, "detail": error.detail},
+        event_data={"error": str(error), "type": type(error).__name__, "detail": error.detail,
+                    "retry_after": retry_after, "consecutive_errors": errors,
+                    "backoff_window_s": backoff_window_seconds(consecutive_errors=errors)},
     )
+
+
+def operation_reschedule_rate_limited(*, op: Operation, lease_owner: str, limited: RateLimited) -> bool:
+    """No QPS token: nothing was sent, so nothing is observed; release the row until `retry_at`.
+
+    One guarded UPDATE and no event: a refusal is our own pacing, not a fact about the operation,
+    and under a saturated cap it is the most frequent outcome, so it must stay cheap. The
+    `poll_attempts` claimed for it stay counted: they number the issued polls (see operation_poll).
+    """
+    at = limited.retry_at
+    if op.expires_at is not None and at > op.expires_at:
+        at = max(op.expires_at, timezone.now())
+    return Operation.objects.filter(
+        id=op.id, state=op.state, execution_epoch=op.execution_epoch, lease_owner=lease_owner,
+    ).update(**RELEASE, next_poll_at=at) == 1
 
 
 def operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
@@ -129,15 +169,24 @@ def operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
             event_kind="poll_skipped", event_data={"reason": f"state {op.state} is not polled"},
         )
         return "not_pollable"
-    if op.expires_at is not None and now >= op.expires_at:
-        # No terminal state was seen before the ttl or wait budget ended: UNKNOWN.
-        operation_classify_missing(op=op, lease_owner=lease_owner, cause="expired_or_budget_exhausted")
-        return "expired"
+    reason = poll_deadline_reason(now=now, created_at=op.created_at, expires_at=op.expires_at)
+    if reason is not None:
+        # A recorded outcome, never a silent stop and never a cancel: no terminal state was seen
+        # before our wait budget or the server's ttl ended, so the row is UNKNOWN and goes to the
+        # reconciliation queue with what we last knew (the work may still finish on the server).
+        operation_classify_missing(op=op, lease_owner=lease_owner, cause=reason)
+        return reason
 
-    issued_seq = op.observation_seq + 1
-    adapter = adapter_for_server(server=op.server)
+    # The sequence this poll is issued with. Every claim bumps poll_attempts under the row lock,
+    # so a later claim always issues a higher number than an earlier one, and a redelivered task
+    # of the same claim issues the same number (the first of the two to record wins).
+    issued_seq = max(op.observation_seq + 1, op.poll_attempts)
     try:
-        task = adapter.get(remote_id=op.remote_id)
+        task = server_call(server=op.server, purpose="poll",
+                           fn=lambda adapter: adapter.get(remote_id=op.remote_id))
+    except RateLimited as limited:
+        operation_reschedule_rate_limited(op=op, lease_owner=lease_owner, limited=limited)
+        return "rate_limited"
     except NotFoundError as exc:
         cause = "session_lost" if isinstance(exc, SessionLostError) else "not_found_unknown"
         operation_classify_missing(op=op, lease_owner=lease_owner, cause=cause, error=exc)

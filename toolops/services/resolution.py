@@ -39,7 +39,7 @@ from ledger.services.transitions import operation_transition, operation_update_g
 from ledger.states import State
 from toolops.errors import ToolopsError
 from toolops.scheduling import next_poll_at
-from toolops.services.connections import adapter_for_server
+from toolops.services.connections import adapter_for_server, server_call
 from toolops.services.reconcile import RELEASE, operation_to_reconciliation
 from toolops.services.servers import server_renegotiate
 
@@ -72,8 +72,10 @@ def _candidates(*, op: Operation, modes: frozenset[str], until: datetime) -> lis
     if LIST_SCAN not in modes:
         return []
     try:
-        found = adapter_for_server(server=op.server).candidates_by_window(
-            created_after=op.created_at - SCAN_SKEW, created_before=until + SCAN_SKEW
+        found = server_call(
+            server=op.server, purpose="lookup",
+            fn=lambda adapter: adapter.candidates_by_window(
+                created_after=op.created_at - SCAN_SKEW, created_before=until + SCAN_SKEW),
         )
     except AdapterError as exc:
         return [{"scan_error": str(exc)}]
@@ -132,11 +134,12 @@ def operation_resolve_submission(*, operation_id: uuid.UUID, lease_owner: str) -
         resend = ResendRequest(tool=op.tool_name, arguments=dict(op.body.get("arguments") or {}),
                                ttl_ms=op.body.get("ttl_ms"))
     try:
-        task = adapter.lookup_by_key(
+        # Under the QPS cap: no token is a TransientError (nothing sent), retried below.
+        task = server_call(server=op.server, purpose="lookup", fn=lambda a: a.lookup_by_key(
             submission_key=op.submission_key, created_after=op.created_at,
             server_capabilities=op.server.capabilities,
             submitted_session=str(lost.get("session") or "") or None, resend=resend,
-        )
+        ))
     except NeverCreatedError as exc:
         operation_transition(
             operation_id=op.id, from_state=State.SUBMISSION_UNKNOWN, to_state=State.NOT_FOUND_SAFE,

@@ -21,10 +21,11 @@ from ledger.services.acceptance import operation_accept_terminal
 from ledger.services.transitions import operation_transition, operation_update_guarded
 from ledger.states import State
 from toolops.logging import operation_logged
-from toolops.services.connections import adapter_for_server
+from toolops.services.connections import RateLimited, server_call
 from toolops.services.observe import (
     RELEASE,
     operation_reschedule_after_error,
+    operation_reschedule_rate_limited,
     operation_to_reconciliation,
 )
 from toolops.services.output_defense import operation_defend_result
@@ -119,9 +120,13 @@ def operation_fetch_and_accept(*, operation_id: uuid.UUID, lease_owner: str) -> 
         if op.terminal_status != "cancelled":
             # Nothing to fetch for cancelled (mcp-tasks.md section 5 point 4).
             try:
-                fetched = adapter_for_server(server=op.server).fetch_result(
-                    remote_id=op.remote_id, timeout_s=30.0
+                fetched = server_call(
+                    server=op.server, purpose="result",
+                    fn=lambda adapter: adapter.fetch_result(remote_id=op.remote_id, timeout_s=30.0),
                 )
+            except RateLimited as limited:
+                operation_reschedule_rate_limited(op=op, lease_owner=lease_owner, limited=limited)
+                return "rate_limited"
             except NotFoundError as exc:
                 from toolops.services.resolution import operation_classify_missing
 

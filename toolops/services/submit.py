@@ -33,7 +33,7 @@ from ledger.services.transitions import operation_transition
 from ledger.states import State
 from toolops.errors import ServerNotFound, SubmissionKeyTaken, SubmitRefused
 from toolops.services.adapters_admin import adapter_assert_accepting
-from toolops.services.connections import adapter_for_server
+from toolops.services.connections import RateLimited, adapter_for_server, server_token_take
 from toolops.services.negotiation import server_offers_tasks
 from toolops.services.observe import task_schedule_fields
 from toolops.services.results import (
@@ -147,8 +147,10 @@ def _send(*, op: Operation, server: ToolServer) -> SubmitOutcome | FetchedResult
     attempts = 1 + int(settings.TOOLOPS_SUBMIT_UNSENT_RETRIES)
     renegotiated = False
     for attempt in range(attempts):
-        adapter = adapter_for_server(server=server)
         try:
+            # The QPS token first: a refusal here means nothing was sent (see RateLimited below).
+            server_token_take(server=server, purpose="submit")
+            adapter = adapter_for_server(server=server)
             if op.execution_mode == "sync":
                 bound = float(server.sync_bounds[op.tool_name])
                 return adapter.call_sync(
@@ -169,6 +171,13 @@ def _send(*, op: Operation, server: ToolServer) -> SubmitOutcome | FetchedResult
             if attempt + 1 >= attempts:
                 raise
             time.sleep(min(exc.retry_after or 0.2 * (2**attempt), 5.0))
+        except RateLimited as limited:
+            # The caller is waiting on this submit, and nothing has left yet: one timed wait for
+            # the token the bucket named (not a spin), then the same key again.
+            wait = (limited.retry_at - timezone.now()).total_seconds()
+            if attempt + 1 >= attempts or wait > float(settings.TOOLOPS_SUBMIT_MAX_TOKEN_WAIT_SECONDS):
+                raise TransientError(str(limited), detail={"rate_limited": True}) from limited
+            time.sleep(max(wait, 0.0))
     raise AssertionError("unreachable")
 
 

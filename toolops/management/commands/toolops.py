@@ -92,6 +92,10 @@ class Command(BaseCommand):
         p.add_argument("--evidence", default=None, help="JSON object: what was observed")
         p.add_argument("--actor", default=None, help="who resolves (default: cli:<os user>)")
 
+        p = sub.add_parser("polls", help="per-server poll figures: configured QPS vs observed")
+        p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+        p.add_argument("--server", action="append", default=None, help="limit to these servers")
+
     def handle(self, *args: Any, **opts: Any) -> None:
         try:
             getattr(self, "_" + opts["subcommand"].replace("-", "_"))(opts)
@@ -209,6 +213,20 @@ class Command(BaseCommand):
         )
         self._print({"item": item.id, "status": item.status, "resolution": item.resolution,
                      "resolved_by": item.resolved_by, "operation_id": str(item.operation_id)})
+
+    def _polls(self, opts: dict[str, Any]) -> None:
+        from toolops.services.poll_report import poll_report_servers
+
+        figures = [f.as_dict() for f in poll_report_servers(names=opts["server"])]
+        if opts["json"]:
+            self._print({"servers": figures})
+            return
+        columns = ("server", "configured_qps", "peak_requests_in_one_second",
+                   "peak_over_configured", "total_requests", "refused_tokens", "operations",
+                   "polls_per_operation")
+        self.stdout.write("  ".join(columns))
+        for row in figures:
+            self.stdout.write("  ".join(str(row[c]) for c in columns))
 
     def _demo(self, opts: dict[str, Any]) -> None:
         from toolops.demo import run_demo
