@@ -26,8 +26,7 @@ from ledger.models import (
 from ledger.selectors import operation_snapshot
 from ledger.states import State
 from toolops.runner import run_embedded
-from toolops.services import cancel as cancel_service
-from toolops.services import observe as observe_service
+from toolops.services import connections as connections_service
 from toolops.services.cancel import CancelRefused, operation_cancel
 from toolops.services.connections import adapter_for_server
 from toolops.services.dispatch import operations_claim_due
@@ -149,7 +148,7 @@ def test_cancel_ack_lost_keeps_polling_until_the_server_says_cancelled(
     op = _submit(server, "sleep_then_complete", "c-ack-lost", seconds=5, value="never")
     transport = _FaultTransport(method="tasks/cancel", on_response=_drop)
     faulty = _faulty_adapter(server, transport)
-    monkeypatch.setattr(cancel_service, "adapter_for_server", lambda server: faulty)
+    monkeypatch.setattr(connections_service, "adapter_for_server", lambda server: faulty)
     try:
         assert operation_cancel(operation_id=op.id) == "cancel_ack_lost"
     finally:
@@ -198,7 +197,7 @@ def test_unsent_cancel_is_sent_again_by_the_poller_even_during_input_required(
     assert op.state == State.INPUT_REQUIRED
     transport = _RefusingTransport()
     flaky = _faulty_adapter(server, transport)
-    monkeypatch.setattr(cancel_service, "adapter_for_server", lambda server: flaky)
+    monkeypatch.setattr(connections_service, "adapter_for_server", lambda server: flaky)
     try:
         assert operation_cancel(operation_id=op.id) == "cancel_not_sent"
         assert _server_status(server, op.remote_id) == "input_required"
@@ -237,7 +236,7 @@ def test_late_completion_after_accepted_cancel_creates_an_effect_record_only(
         before_send=lambda: operation_cancel(operation_id=op.id),
     )
     stale = _faulty_adapter(server, transport)
-    monkeypatch.setattr(observe_service, "adapter_for_server", lambda server: stale)
+    monkeypatch.setattr(connections_service, "adapter_for_server", lambda server: stale)
     try:
         outcome = operation_poll(operation_id=op.id, lease_owner="stale-worker")
     finally:
@@ -264,7 +263,7 @@ def test_stale_cancelled_observation_after_accepted_cancel_is_no_effect(
         content=resp.content, request=req),
         before_send=lambda: operation_cancel(operation_id=op.id))
     stale = _faulty_adapter(server, transport)
-    monkeypatch.setattr(observe_service, "adapter_for_server", lambda server: stale)
+    monkeypatch.setattr(connections_service, "adapter_for_server", lambda server: stale)
     try:
         assert operation_poll(operation_id=op.id, lease_owner="stale-worker") == "stale_observation"
     finally:
@@ -287,7 +286,7 @@ def test_second_cancel_while_requested_is_refused(server: ToolServer,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     op = _submit(server, "sleep_then_complete", "c-twice", seconds=5, value="v")
     faulty = _faulty_adapter(server, _FaultTransport(method="tasks/cancel", on_response=_drop))
-    monkeypatch.setattr(cancel_service, "adapter_for_server", lambda server: faulty)
+    monkeypatch.setattr(connections_service, "adapter_for_server", lambda server: faulty)
     assert operation_cancel(operation_id=op.id) == "cancel_ack_lost"
     with pytest.raises(CancelRefused, match="cancel already requested"):
         operation_cancel(operation_id=op.id)

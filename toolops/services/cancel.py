@@ -122,7 +122,9 @@ def _send_cancel(*, op: Operation, owner: str) -> str:
     """Send `tasks/cancel` for a CANCEL_REQUESTED row whose lease `owner` holds."""
     try:
         # Under the server's QPS cap; no token raises RateLimited, a TransientError: not sent.
-        task = server_call(server=op.server, purpose="cancel",
+        # follow_up: an operator is waiting on this call, so a token due within two intervals
+        # is waited for rather than deferring the cancel to the next poll cycle.
+        task = server_call(server=op.server, purpose="cancel", follow_up=True,
                            fn=lambda adapter: adapter.cancel(remote_id=op.remote_id))
     except AlreadyTerminalError as exc:
         return _already_terminal(op=op, lease_owner=owner, error=exc)
@@ -164,7 +166,7 @@ def _already_terminal(*, op: Operation, lease_owner: str, error: AdapterError) -
     operation_record_event(operation_id=op.id, kind="cancel_already_terminal",
                            data={"error": str(error), "detail": error.detail})
     try:
-        task = server_call(server=op.server, purpose="poll",
+        task = server_call(server=op.server, purpose="poll", follow_up=True,
                            fn=lambda adapter: adapter.get(remote_id=op.remote_id))
     except NotFoundError as exc:
         # -32602 also means "unknown id" (mcp-tasks.md 2.8): no proof of any terminal state.
@@ -241,6 +243,7 @@ def _audit_fetch(*, op: Operation) -> dict[str, Any]:
             server=op.server, purpose="result",
             fn=lambda adapter: adapter.fetch_result(remote_id=op.remote_id,
                                                     timeout_s=AUDIT_FETCH_TIMEOUT_S),
+            follow_up=True,
         )
     except AdapterError as exc:
         return {"kind": "unavailable", "payload": None, "is_error": False,

@@ -34,6 +34,11 @@ _transport_factory: Callable[[ToolServer], httpx.BaseTransport | None] | None = 
 _rng = random.SystemRandom()
 
 
+# Longest in-place wait for a follow-up call's token: a worker slot is held meanwhile, so keep it
+# short; servers capped under 1 QPS re-schedule instead.
+FOLLOW_UP_MAX_WAIT_SECONDS = 2.0
+
+
 class RateLimited(TransientError):
     """No token for this server now. Nothing was sent; the caller re-schedules at `retry_at`.
 
@@ -78,14 +83,23 @@ def adapter_for_server(*, server: ToolServer) -> TaskAdapter:
         return adapter
 
 
-def server_token_take(*, server: ToolServer, purpose: str) -> None:
-    """Take one token or raise RateLimited with a retry time spread over the refused callers."""
+def server_token_take(*, server: ToolServer, purpose: str, follow_up: bool = False) -> None:
+    """Take one token or raise RateLimited with a retry time spread over the refused callers.
+
+    `follow_up` marks the second call of one observation (the input read or result fetch right
+    after a `get` that said so), or a call a person is waiting on (cancel, input delivery). It may
+    wait in place for up to two token intervals: refusing it would hand the row back, and the next
+    cycle would spend its token on the `get` again, so the follow-up could starve behind its poll.
+    """
     if purpose not in PURPOSES:
         raise ValueError(f"unknown call purpose {purpose!r}; known: {sorted(PURPOSES)}")
     rate = float(server.max_qps)
     bucket, key = qps_bucket(), server_bucket_key(server_id=server.pk)
     take = bucket.take(key=key, rate=rate, purpose=purpose)
-    if not take.granted and take.wait_s <= float(settings.TOOLOPS_QPS_INLINE_WAIT_SECONDS):
+    inline_wait = float(settings.TOOLOPS_QPS_INLINE_WAIT_SECONDS)
+    if follow_up:
+        inline_wait = max(inline_wait, min(2.0 / rate, FOLLOW_UP_MAX_WAIT_SECONDS))
+    if not take.granted and take.wait_s <= inline_wait:
         # The token is due within a few milliseconds: one timed wait (never a loop) costs less
         # than handing the row back to the ledger and claiming it again.
         time.sleep(take.wait_s)
@@ -99,9 +113,10 @@ def server_token_take(*, server: ToolServer, purpose: str) -> None:
                       retry_at=timezone.now() + timedelta(seconds=delay))
 
 
-def server_call(*, server: ToolServer, purpose: str, fn: Callable[[TaskAdapter], T]) -> T:
+def server_call(*, server: ToolServer, purpose: str, fn: Callable[[TaskAdapter], T],
+                follow_up: bool = False) -> T:
     """Run one adapter call under the server's QPS cap. No token: RateLimited, nothing sent."""
-    server_token_take(server=server, purpose=purpose)
+    server_token_take(server=server, purpose=purpose, follow_up=follow_up)
     adapter = adapter_for_server(server=server)
     result = fn(adapter)
     _pushed_status_poll_sooner(server=server, adapter=adapter)

@@ -86,6 +86,7 @@ def operation_open_input_round(
         window = server_call(
             server=op.server, purpose="input",
             fn=lambda adapter: adapter.read_input(remote_id=op.remote_id, wait_s=INPUT_READ_WAIT_S),
+            follow_up=True,
         )
     except AdapterError as exc:
         operation_reschedule_after_error(op=op, lease_owner=lease_owner, error=exc,
@@ -255,6 +256,7 @@ def operation_answer_input(*, operation_id: uuid.UUID, input_round: int, schema_
                 request_id=checked.server_request_id, result=checked.result,
                 remote_id=checked.remote_id,
             ),
+            follow_up=True,  # an operator is waiting on the delivery
         )
     except AdapterError as exc:
         operation_record_event(operation_id=operation_id, kind="input_delivery_failed",

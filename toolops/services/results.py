@@ -123,6 +123,7 @@ def operation_fetch_and_accept(*, operation_id: uuid.UUID, lease_owner: str) -> 
                 fetched = server_call(
                     server=op.server, purpose="result",
                     fn=lambda adapter: adapter.fetch_result(remote_id=op.remote_id, timeout_s=30.0),
+                    follow_up=True,
                 )
             except RateLimited as limited:
                 operation_reschedule_rate_limited(op=op, lease_owner=lease_owner, limited=limited)
