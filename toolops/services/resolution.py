@@ -73,7 +73,7 @@ def _candidates(*, op: Operation, modes: frozenset[str], until: datetime) -> lis
         return []
     try:
         found = server_call(
-            server=op.server, purpose="lookup",
+            server=op.server, purpose="lookup", follow_up=True,
             fn=lambda adapter: adapter.candidates_by_window(
                 created_after=op.created_at - SCAN_SKEW, created_before=until + SCAN_SKEW),
         )

@@ -167,10 +167,7 @@ def _send(*, op: Operation, server: ToolServer) -> SubmitOutcome | FetchedResult
                 raise
             server = server_renegotiate(server_id=server.pk, stale_session_id=server.session_id)
             renegotiated = True
-        except TransientError as exc:
-            if attempt + 1 >= attempts:
-                raise
-            time.sleep(min(exc.retry_after or 0.2 * (2**attempt), 5.0))
+        # Before TransientError: RateLimited is one, but it has its own bounded wait.
         except RateLimited as limited:
             # The caller is waiting on this submit, and nothing has left yet: one timed wait for
             # the token the bucket named (not a spin), then the same key again.
@@ -178,6 +175,10 @@ def _send(*, op: Operation, server: ToolServer) -> SubmitOutcome | FetchedResult
             if attempt + 1 >= attempts or wait > float(settings.TOOLOPS_SUBMIT_MAX_TOKEN_WAIT_SECONDS):
                 raise TransientError(str(limited), detail={"rate_limited": True}) from limited
             time.sleep(max(wait, 0.0))
+        except TransientError as exc:
+            if attempt + 1 >= attempts:
+                raise
+            time.sleep(min(exc.retry_after or 0.2 * (2**attempt), 5.0))
     raise AssertionError("unreachable")
 
 
