@@ -5,6 +5,7 @@ from ledger.models.inputs import InputRequest
 from ledger.models.operations import Operation, OperationEvent
 from ledger.models.receipts import OutboxEvent, TerminalReceipt
 from ledger.models.reconciliation import EffectReconciliation, ReconciliationItem
+from ledger.models.rollout import RolloutChange, RolloutConfig, ShadowComparison
 from ledger.models.servers import ToolServer
 
 __all__ = [
@@ -15,6 +16,9 @@ __all__ = [
     "OperationEvent",
     "OutboxEvent",
     "ReconciliationItem",
+    "RolloutChange",
+    "RolloutConfig",
+    "ShadowComparison",
     "TerminalReceipt",
     "ToolServer",
 ]
