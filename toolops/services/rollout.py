@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
@@ -174,7 +175,7 @@ def rollout_move(
                 row.tasks_enabled = to_path == TASKS
                 row.save(update_fields=["tasks_enabled", "updated_at"])
                 after[key] = _snapshot(row)
-        rows = Operation.objects.select_for_update().filter(
+        rows = Operation.objects.select_for_update(of=("self",)).filter(
             executor_path=from_path, execution_mode="task", state__in=OPEN,
             server__in=servers, receipt__isnull=True,
         )
@@ -182,27 +183,40 @@ def rollout_move(
             rows = rows.filter(tool_name=tool_name)
         moved = 0
         for op in rows.order_by("created_at"):
-            fields: dict[str, Any] = {"execution_epoch": F("execution_epoch") + 1,
-                                      "executor_path": to_path, "lease_owner": "",
-                                      "lease_expires_at": None, "updated_at": now}
-            if op.state in CLAIMABLE and op.next_poll_at is not None:
-                fields["next_poll_at"] = now  # the receiving executor takes it at once
-            changed = Operation.objects.filter(
-                Q(id=op.id), Q(execution_epoch=op.execution_epoch), Q(executor_path=from_path),
-            ).update(**fields)
-            if changed != 1:  # impossible under the row lock; refuse loudly rather than skip
-                raise ToolopsError(f"operation {op.id} changed under its lock")
-            event_append_locked(
-                operation_id=op.id, kind="epoch_bumped", from_state=op.state, to_state=op.state,
-                server_state=op.server_state, execution_epoch=op.execution_epoch + 1,
-                cancel_generation=op.cancel_generation,
-                data={"from_epoch": op.execution_epoch, "to_epoch": op.execution_epoch + 1,
-                      "from_path": from_path, "to_path": to_path, "revoked_lease": op.lease_owner,
-                      "reason": reason, "actor": actor},
-            )
+            operation_hand_over_locked(op=op, to_path=to_path, reason=reason, actor=actor, now=now)
             moved += 1
         return RolloutChange.objects.create(
             action="rollback" if to_path == LEGACY else "roll_forward", actor=actor, reason=reason,
             server=servers[0] if server_name else None, tool_name=tool_name,
             from_path=from_path, to_path=to_path, before=before, after=after, rows_moved=moved,
         )
+
+
+def operation_hand_over_locked(
+    *, op: Operation, to_path: str, reason: str, actor: str, now: datetime
+) -> None:
+    """Give one locked row to the other executor: epoch + 1, new path, lease revoked.
+
+    The caller holds the row lock (select_for_update) in its transaction. One UPDATE changes
+    epoch and path together, so no reader ever sees the new path with the old epoch; every CAS a
+    worker of the old epoch issues afterwards matches nothing. The revoked lease goes into the
+    event so that worker, when it comes back, is refused by name (executors.worker_refused_at_start).
+    """
+    fields: dict[str, Any] = {"execution_epoch": F("execution_epoch") + 1,
+                              "executor_path": to_path, "lease_owner": "",
+                              "lease_expires_at": None, "updated_at": now}
+    if op.state in CLAIMABLE and op.next_poll_at is not None:
+        fields["next_poll_at"] = now  # the receiving executor takes it at once
+    changed = Operation.objects.filter(
+        Q(id=op.id), Q(execution_epoch=op.execution_epoch), ~Q(executor_path=to_path),
+    ).update(**fields)
+    if changed != 1:  # impossible under the row lock; refuse loudly rather than skip
+        raise ToolopsError(f"operation {op.id} changed under its lock")
+    event_append_locked(
+        operation_id=op.id, kind="epoch_bumped", from_state=op.state, to_state=op.state,
+        server_state=op.server_state, execution_epoch=op.execution_epoch + 1,
+        cancel_generation=op.cancel_generation,
+        data={"from_epoch": op.execution_epoch, "to_epoch": op.execution_epoch + 1,
+              "from_path": op.executor_path, "to_path": to_path, "revoked_lease": op.lease_owner,
+              "reason": reason, "actor": actor},
+    )
