@@ -81,17 +81,18 @@ def worker_refused_at_start(*, op: Operation, lease_owner: str) -> bool:
     lease into its `epoch_bumped` event, which is how a late worker learns it is stale.
     """
     path = _lease_path(lease_owner)
-    if path is not None and path != op.executor_path:
-        claimed = op.execution_epoch - 1
-    else:
-        bump = (
-            OperationEvent.objects.filter(operation_id=op.id, kind="epoch_bumped",
-                                          data__revoked_lease=lease_owner)
-            .values_list("data", flat=True).order_by("-seq").first()
-        )
-        if bump is None:
-            return False
-        claimed = int(bump["from_epoch"])
+    wrong_path = path is not None and path != op.executor_path
+    if op.lease_owner == lease_owner and not wrong_path:
+        return False
+    bump = (
+        OperationEvent.objects.filter(operation_id=op.id, kind="epoch_bumped",
+                                      data__revoked_lease=lease_owner)
+        .values_list("data", flat=True).order_by("-seq").first()
+    )
+    if bump is None and not wrong_path:
+        return False  # an ordinary lost lease: operation_poll answers "stale_lease"
+    # A lease of the other path's namespace never works this row, whatever its epoch.
+    claimed = int(bump["from_epoch"]) if bump is not None else None
     operation_record_event(
         operation_id=op.id, kind="stale_epoch_refused",
         data={"claimed_epoch": claimed, "row_epoch": op.execution_epoch,

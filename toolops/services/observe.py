@@ -98,7 +98,7 @@ def operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
     op = Operation.objects.filter(id=operation_id).first()
     if op is None:
         return "missing"
-    if op.lease_owner != lease_owner and worker_refused_at_start(op=op, lease_owner=lease_owner):
+    if worker_refused_at_start(op=op, lease_owner=lease_owner):
         return "stale_epoch"
     try:
         outcome = _operation_poll(operation_id=operation_id, lease_owner=lease_owner)
