@@ -15,6 +15,7 @@ from ledger.errors import AcceptanceRefused
 from ledger.models import Operation, OperationEvent, TerminalReceipt, ToolServer
 from ledger.services.acceptance import operation_accept_terminal
 from ledger.states import State
+from tests.ledger.factories import OperationFactory
 from toolops.services.executors import (
     executor_claim_due,
     executor_lease_owner,
@@ -76,30 +77,46 @@ def test_worker_of_the_other_path_is_refused_and_recorded(server: ToolServer) ->
     assert Operation.objects.get(id=op.id).observation_seq == seq  # nothing observed for it
 
 
-def test_acceptance_with_an_older_epoch_is_refused_and_recorded(server: ToolServer) -> None:
-    op = operation_submit(server_name="ref", tool_name="sleep_then_complete", call_node_id="acc",
-                          arguments={"seconds": 0, "value": "x"}, ttl_ms=60_000)
-    # Bring it to FETCHING_RESULT with a digest through the real path, but stop before accepting:
-    time.sleep(0.3)
-    owner = executor_lease_owner(path="tasks")
-    _due(op)
-    executor_claim_due(path="tasks", owner=owner)
+def test_acceptance_with_an_older_epoch_is_refused_and_recorded() -> None:
+    """A result fetched and digested at epoch 1, handed over, then claimed at epoch 1: refused;
+    the same claim at the row's epoch is the one receipt, in the new epoch's slot."""
+    op = OperationFactory(state=State.FETCHING_RESULT, terminal_status="completed",
+                          result={"kind": "result", "payload": {"v": 1}, "is_error": False},
+                          result_digest="sha256:r1")
     with transaction.atomic():
         locked = Operation.objects.select_for_update().get(id=op.id)
         operation_hand_over_locked(op=locked, to_path="legacy", reason="t", actor="t",
                                    now=timezone.now())
-    row = Operation.objects.get(id=op.id)
-    assert row.execution_epoch == 2
+    claim = {"operation_id": op.id, "call_node_id": op.call_node_id,
+             "request_digest": op.request_digest, "remote_id": op.remote_id,
+             "descriptor_version": op.descriptor_version, "cancel_generation": 0,
+             "terminal_status": "completed", "result_digest": "sha256:r1"}
+    with pytest.raises(AcceptanceRefused) as err:
+        operation_accept_terminal(execution_epoch=1, **claim)
+    assert err.value.field == "execution_epoch"
+    refused = OperationEvent.objects.get(operation_id=op.id, kind="acceptance_refused")
+    assert refused.data["field"] == "execution_epoch"
+    assert not TerminalReceipt.objects.filter(operation_id=op.id).exists()
+    receipt = operation_accept_terminal(execution_epoch=2, **claim)
+    assert receipt.execution_epoch == 2
+    assert TerminalReceipt.objects.filter(call_node_id=op.call_node_id).count() == 1
+
+
+def test_a_shadow_row_never_takes_a_receipt() -> None:
+    legacy = OperationFactory(state=State.ACCEPTED)
+    shadow = OperationFactory(call_node_id=legacy.call_node_id, shadow=True, shadow_of=legacy,
+                              state=State.FETCHING_RESULT, terminal_status="completed",
+                              result={"kind": "result", "payload": 1, "is_error": False},
+                              result_digest="sha256:s")
     with pytest.raises(AcceptanceRefused) as err:
         operation_accept_terminal(
-            operation_id=op.id, call_node_id=row.call_node_id, request_digest=row.request_digest,
-            remote_id=row.remote_id, descriptor_version=row.descriptor_version, execution_epoch=1,
-            cancel_generation=row.cancel_generation, terminal_status="completed",
-            result_digest=row.result_digest,
+            operation_id=shadow.id, call_node_id=shadow.call_node_id,
+            request_digest=shadow.request_digest, remote_id=shadow.remote_id,
+            descriptor_version=shadow.descriptor_version, execution_epoch=1, cancel_generation=0,
+            terminal_status="completed", result_digest="sha256:s",
         )
-    assert err.value.field in ("execution_epoch", "state")
-    assert OperationEvent.objects.filter(operation_id=op.id, kind="acceptance_refused").exists()
-    assert not TerminalReceipt.objects.filter(operation_id=op.id).exists()
+    assert err.value.field == "shadow"
+    assert not TerminalReceipt.objects.filter(operation_id=shadow.id).exists()
 
 
 def test_worker_caught_mid_poll_by_an_epoch_bump_writes_nothing(server: ToolServer) -> None:
