@@ -20,6 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -55,7 +56,8 @@ def _lease_path(lease_owner: str) -> str | None:
 
 
 def operation_refuse_stale(
-    *, operation_id: uuid.UUID, claimed_epoch: int, lease_owner: str, source: str
+    *, operation_id: uuid.UUID, claimed_epoch: int, lease_owner: str, source: str,
+    evidence: dict[str, Any] | None = None,
 ) -> bool:
     """Record and report a write attempt that carries an older epoch than the row's.
 
@@ -69,7 +71,7 @@ def operation_refuse_stale(
     operation_record_event(
         operation_id=operation_id, kind="stale_epoch_refused",
         data={"claimed_epoch": claimed_epoch, "row_epoch": row_epoch,
-              "lease_owner": lease_owner, "source": source},
+              "lease_owner": lease_owner, "source": source, **({"evidence": evidence} if evidence else {})},
     )
     return True
 

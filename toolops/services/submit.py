@@ -25,8 +25,9 @@ from adapters import (
     SessionLostError,
     TransientError,
 )
-from adapters.base import FetchedResult, SubmitOutcome
+from adapters.base import FetchedResult, RemoteTask, SubmitOutcome
 from ledger.digests import request_digest
+from ledger.errors import IllegalTransition
 from ledger.models import Operation, ToolServer
 from ledger.services.events import event_append_locked
 from ledger.services.transitions import operation_transition
@@ -34,7 +35,7 @@ from ledger.states import State
 from toolops.errors import ServerNotFound, SubmitRefused
 from toolops.services.adapters_admin import adapter_assert_accepting
 from toolops.services.connections import adapter_for_server
-from toolops.services.executors import TASKS
+from toolops.services.executors import TASKS, operation_refuse_stale
 from toolops.services.negotiation import server_offers_tasks
 from toolops.services.observe import task_schedule_fields
 from toolops.services.results import (
@@ -271,6 +272,22 @@ def _submit_row(
         return Operation.objects.get(id=op.id)
 
     task = outcome.task
+    try:
+        return _record_task_reply(op=op, owner=owner, task=task)
+    except IllegalTransition:
+        # A rollback handed the row to the other executor while the request was in transit: this
+        # submitter is a worker of the old epoch and writes nothing more. The reply goes into the
+        # refusal as evidence; the row (lease revoked, due now) is resolved by its new owner by
+        # key, never sent again.
+        if not operation_refuse_stale(
+            operation_id=op.id, claimed_epoch=op.execution_epoch, lease_owner=owner,
+            source="submit", evidence={"remote_id": task.remote_id, "status": task.status},
+        ):
+            raise
+        return Operation.objects.get(id=op.id)
+
+
+def _record_task_reply(*, op: Operation, owner: str, task: RemoteTask) -> Operation:
     now = timezone.now()
     if task.status in ("completed", "failed", "cancelled"):
         operation_record_terminal_seen(
