@@ -124,3 +124,61 @@ def test_tool_with_side_effects_is_never_shadowed(server: ToolServer, mcp_url: s
     after = peer_stats(mcp_url)
     assert after["tasks_created"] == before["tasks_created"]
     assert after["tool_calls"]["write_value"] == before["tool_calls"].get("write_value", 0) + 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_submit_that_chose_tasks_before_a_rollback_commits_is_refused_after(
+    server: ToolServer, mcp_url: str
+) -> None:
+    """The path is chosen from an unlocked read; the insert re-checks it under the config lock.
+    A rollback holding that lock when the submit arrives wins, and nothing reaches the server."""
+    import threading
+    import time
+
+    from django.db import connection, transaction
+
+    from ledger.models import RolloutConfig
+    from toolops.errors import SubmitRefused
+
+    rollout_configure(server_name="ref", canary_percent=100.0, actor="t", reason="all tasks")
+    before = peer_stats(mcp_url)["tasks_created"]
+    locked, release = threading.Event(), threading.Event()
+    result: list[object] = []
+
+    def rollback_holding_the_lock() -> None:
+        try:
+            with transaction.atomic():
+                config = RolloutConfig.objects.select_for_update().get(tool_name="")
+                locked.set()
+                release.wait(10)
+                config.tasks_enabled = False  # what rollout_move writes first, under this lock
+                config.save()
+        finally:
+            connection.close()
+
+    def submit() -> None:
+        try:
+            result.append(_submit("sleep_then_complete", "race-1"))
+        except SubmitRefused as exc:
+            result.append(exc)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=rollback_holding_the_lock)
+    holder.start()
+    assert locked.wait(10)
+    submitter = threading.Thread(target=submit)
+    submitter.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # until the submit's insert waits on the config lock
+        with connection.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            if cur.fetchone()[0] > 0:
+                break
+        time.sleep(0.05)
+    release.set()
+    holder.join(15)
+    submitter.join(15)
+    assert len(result) == 1 and isinstance(result[0], SubmitRefused), result
+    assert not Operation.objects.filter(call_node_id="race-1").exists()
+    assert peer_stats(mcp_url)["tasks_created"] == before
