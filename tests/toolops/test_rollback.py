@@ -102,6 +102,10 @@ def test_rollback_with_rows_in_flight(server: ToolServer, mcp_url: str) -> None:
 def test_roll_forward_is_the_same_in_reverse_and_both_are_recorded(server: ToolServer) -> None:
     ops = _submit_in_flight(3)
     rollout_move(to_path="legacy", reason="incident 12", actor="oncall:ana")
+    # The bumped rows keep their call nodes: no second attempt at the old (or any) epoch.
+    with pytest.raises(SubmitRefused):
+        operation_submit(server_name="ref", tool_name="read_value", call_node_id=ops[0].call_node_id,
+                         arguments={"seconds": 0, "value": "again"})
     back = rollout_move(to_path="tasks", reason="fixed in 1.4.2", actor="oncall:bo")
     assert back.action == "roll_forward" and back.rows_moved == 3
     rows = Operation.objects.filter(id__in=[o.id for o in ops])
