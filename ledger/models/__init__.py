@@ -5,6 +5,7 @@ from ledger.models.inputs import InputRequest
 from ledger.models.operations import Operation, OperationEvent
 from ledger.models.receipts import OutboxEvent, TerminalReceipt
 from ledger.models.reconciliation import EffectReconciliation, ReconciliationItem
+from ledger.models.rollout import RolloutChange, RolloutConfig, ShadowComparison
 from ledger.models.servers import ToolServer
 from ledger.models.tenancy import Membership, Organisation
 
@@ -18,6 +19,9 @@ __all__ = [
     "Organisation",
     "OutboxEvent",
     "ReconciliationItem",
+    "RolloutChange",
+    "RolloutConfig",
+    "ShadowComparison",
     "TerminalReceipt",
     "ToolServer",
 ]

@@ -46,6 +46,15 @@ class Operation(models.Model):
     input_round = models.PositiveIntegerField(default=0)
     cancel_generation = models.PositiveIntegerField(default=0)
     execution_epoch = models.PositiveIntegerField(default=1)
+    # Which executor owns the row (issue 9): "legacy" (the synchronous path, and after a rollback
+    # the continuation of task rows it inherited) or "tasks" (the task adapter path). A rollback
+    # moves in-flight rows between the two and bumps execution_epoch in the same UPDATE.
+    executor_path = models.CharField(max_length=8, default="tasks")
+    # A shadow operation runs beside a legacy call of a side-effect-free tool. It never gets a
+    # TerminalReceipt or an OutboxEvent (acceptance refuses), only a ShadowComparison.
+    shadow = models.BooleanField(default=False)
+    shadow_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT,
+                                  related_name="shadows")
     ttl_ms = models.PositiveBigIntegerField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
 
@@ -68,14 +77,22 @@ class Operation(models.Model):
         ]
         constraints = [
             models.CheckConstraint(condition=Q(execution_epoch__gte=1), name="op_epoch_positive"),
-            # At most one live attempt per call node and epoch. Only NOT_FOUND_SAFE (proof that
-            # nothing was created) frees the call node for a new attempt; an abandoned or
-            # unresolved one keeps it, because its remote work may still exist.
+            # At most one live attempt per call node, whatever its epoch. Only NOT_FOUND_SAFE
+            # (proof that nothing was created) frees the call node for a new attempt; an
+            # abandoned or unresolved one keeps it, because its remote work may still exist.
+            # Not per epoch (issue 9): a rollback bumps a row's epoch, and a second attempt at the
+            # old epoch would then be a second remote operation and a second receipt slot.
+            # Shadow rows are not attempts of the call node (they never get a receipt).
             models.UniqueConstraint(
-                fields=["tenant", "call_node_id", "execution_epoch"],
-                condition=~Q(state="NOT_FOUND_SAFE"),
-                name="op_one_live_attempt_per_node_epoch",
+                fields=["tenant", "call_node_id"],
+                condition=~Q(state="NOT_FOUND_SAFE") & Q(shadow=False),
+                name="op_one_live_attempt_per_node",
             ),
+            models.CheckConstraint(condition=Q(executor_path__in=["legacy", "tasks"]),
+                                   name="op_executor_path_known"),
+            # A shadow row always names the legacy row it shadows.
+            models.CheckConstraint(condition=Q(shadow=False) | Q(shadow_of__isnull=False),
+                                   name="op_shadow_has_legacy"),
         ]
 
     def __str__(self) -> str:

@@ -21,6 +21,7 @@ from django.utils import timezone
 from ledger.errors import AcceptanceRefused, OperationNotFound
 from ledger.models import Operation, OperationEvent, OutboxEvent, TerminalReceipt
 from ledger.services.events import event_append_locked, operation_record_event
+from ledger.services.shadow import shadow_comparisons_complete_locked
 from ledger.states import State, TerminalStatus
 
 logger = logging.getLogger("ledger.acceptance")
@@ -48,6 +49,10 @@ def _accept_locked(
     op = Operation.objects.select_for_update().filter(id=operation_id).first()
     if op is None:
         raise OperationNotFound(str(operation_id))
+    if op.shadow:
+        # Shadow rows never take a receipt slot and never reach the outbox (issue 9): they are
+        # settled by ledger.services.shadow.operation_accept_shadow_terminal.
+        raise AcceptanceRefused("a shadow operation never gets a receipt", field="shadow")
 
     # A confirmed cancel is accepted straight from CANCEL_REQUESTED; everything else only after the
     # result was fetched and digested (FETCHING_RESULT with a stored digest).
@@ -104,6 +109,8 @@ def _accept_locked(
             field="receipt",
         ) from exc
 
+    # Shadows of this call that finished first wait for this receipt to be compared.
+    shadow_comparisons_complete_locked(legacy=op, receipt=receipt)
     now = timezone.now()
     Operation.objects.filter(id=op.id, state=op.state).update(
         state=final_state,

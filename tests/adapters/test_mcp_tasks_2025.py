@@ -97,7 +97,10 @@ def test_list_tools_reports_task_support(adapter: McpTasks2025Adapter) -> None:
         "ask_input": "required",
         "quick_sync": "forbidden",
         "slow_sync": "forbidden",
+        "read_value": "optional",
+        "write_value": "optional",
     }
+    assert tools["read_value"].raw["annotations"]["readOnlyHint"] is True
     assert tools["ask_input"].raw["execution"] == {"taskSupport": "required"}
     assert "execution" not in tools["quick_sync"].raw  # verbatim, defaults not filled in
 

@@ -100,6 +100,26 @@ TOOLS: dict[str, types.Tool] = {
             description="Return `value` immediately (no task support).",
             inputSchema=_schema({"value": {"type": "string"}}, ["value"]),
         ),
+        # Optional task support: callable synchronously (within a published bound) or as a task,
+        # so the same call can take the legacy or the new path (issue 9 canary and shadow).
+        types.Tool(
+            name="read_value",
+            description="Sleep `seconds`, then return `value`. Reads only: no side effects.",
+            inputSchema=_schema(
+                {"seconds": {"type": "number"}, "value": {"type": "string"}}, ["seconds", "value"]
+            ),
+            execution=types.ToolExecution(taskSupport="optional"),
+            annotations=types.ToolAnnotations(readOnlyHint=True),
+        ),
+        types.Tool(
+            name="write_value",
+            description="Sleep `seconds`, then 'write' `value` (a side effect, counted).",
+            inputSchema=_schema(
+                {"seconds": {"type": "number"}, "value": {"type": "string"}}, ["seconds", "value"]
+            ),
+            execution=types.ToolExecution(taskSupport="optional"),
+            annotations=types.ToolAnnotations(readOnlyHint=False, destructiveHint=False),
+        ),
         types.Tool(
             name="slow_sync",
             description="Sleep `seconds`, then return 'done' (no task support).",
@@ -235,7 +255,13 @@ def _work_for(name: str, args: dict[str, Any]) -> Work:
             answers.append(str(reply.content["value"]))
         return _text("answers: " + ",".join(answers), structured={"answers": answers})
 
+    async def sleep_then_value(_: ServerTaskContext) -> types.Result:
+        await anyio.sleep(float(args["seconds"]))
+        return _text(args["value"], structured={"value": args["value"]})
+
     bodies: dict[str, Work] = {
+        "read_value": sleep_then_value,
+        "write_value": sleep_then_value,
         "sleep_then_complete": sleep_then_complete,
         "sleep_then_fail": sleep_then_fail,
         "sleep_then_is_error": sleep_then_is_error,
@@ -280,6 +306,9 @@ def build_server(state: PeerState, poll_interval_ms: int | None) -> tuple[Server
         if name == "slow_sync":
             await anyio.sleep(float(arguments["seconds"]))
             return _text("done")
+        if name in ("read_value", "write_value") and not ctx.experimental.is_task:
+            await anyio.sleep(float(arguments["seconds"]))  # the synchronous (legacy) answer
+            return _text(arguments["value"], structured={"value": arguments["value"]})
 
         work = _work_for(name, arguments)
         if state.lock is None:

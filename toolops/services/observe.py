@@ -123,8 +123,39 @@ def operation_reschedule_rate_limited(*, op: Operation, lease_owner: str, limite
     ).update(**RELEASE, next_poll_at=at) == 1
 
 
+# Outcomes after which a moved epoch, not a lost race, may be the reason nothing was written.
+_MAYBE_STALE = frozenset({"stale_observation", "stale_lease", "acceptance_refused", "stale"})
+
+
 def operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
-    """Poll one leased row. Returns a short outcome label (for logs and the runner)."""
+    """Poll one leased row. Returns a short outcome label (for logs and the runner).
+
+    A worker of an older execution epoch (issue 9: a rollback moved the row to the other
+    executor) is refused and the refusal recorded, whether it arrives late or is caught mid-poll.
+    """
+    from toolops.services.executors import operation_refuse_stale, worker_refused_at_start
+
+    op = Operation.objects.filter(id=operation_id).first()
+    if op is None:
+        return "missing"
+    if worker_refused_at_start(op=op, lease_owner=lease_owner):
+        return "stale_epoch"
+    try:
+        outcome = _operation_poll(operation_id=operation_id, lease_owner=lease_owner)
+    except IllegalTransition:
+        if operation_refuse_stale(operation_id=operation_id, claimed_epoch=op.execution_epoch,
+                                  lease_owner=lease_owner, source="poll"):
+            return "stale_epoch"
+        raise
+    if outcome.split(":")[0] in _MAYBE_STALE and operation_refuse_stale(
+        operation_id=operation_id, claimed_epoch=op.execution_epoch, lease_owner=lease_owner,
+        source="poll",
+    ):
+        return "stale_epoch"
+    return outcome
+
+
+def _operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
     from toolops.services.cancel import (
         operation_observe_cancel_pending,
         operation_observe_cancel_requested,
@@ -215,6 +246,9 @@ def operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
                 observation_seq=issued_seq,
             )
         except IllegalTransition:
+            latest = Operation.objects.filter(id=op.id).values_list("execution_epoch", flat=True)
+            if latest.first() != op.execution_epoch:
+                raise  # handed to the other executor: operation_poll records the refusal
             # A stale worker's completion after an accepted cancel is a late effect, not a state.
             late = operation_record_late_effect(
                 operation_id=op.id, observed_status=task.status, source="poll",

@@ -18,6 +18,8 @@ from ledger.digests import canonical_digest
 from ledger.errors import AcceptanceRefused, IllegalTransition
 from ledger.models import Operation
 from ledger.services.acceptance import operation_accept_terminal
+from ledger.services.events import operation_record_event
+from ledger.services.shadow import operation_accept_shadow_terminal
 from ledger.services.transitions import operation_transition, operation_update_guarded
 from ledger.states import State
 from toolops.logging import operation_logged
@@ -77,6 +79,8 @@ def operation_record_terminal_seen(
 
 def _accept_from_row(*, operation_id: uuid.UUID) -> str:
     op = Operation.objects.get(id=operation_id)
+    if op.shadow:
+        return _accept_shadow(op=op)
     try:
         receipt = operation_accept_terminal(
             operation_id=op.id, call_node_id=op.call_node_id, request_digest=op.request_digest,
@@ -87,6 +91,21 @@ def _accept_from_row(*, operation_id: uuid.UUID) -> str:
     except AcceptanceRefused:
         return "acceptance_refused"
     return f"accepted:{receipt.terminal_status}"
+
+
+def _accept_shadow(*, op: Operation) -> str:
+    """A shadow row's own terminal record: a comparison, never a receipt or outbox row."""
+    try:
+        comparison = operation_accept_shadow_terminal(
+            operation_id=op.id, execution_epoch=op.execution_epoch,
+            cancel_generation=op.cancel_generation, terminal_status=op.terminal_status,
+            result_digest=op.result_digest,
+        )
+    except AcceptanceRefused as exc:
+        operation_record_event(operation_id=op.id, kind="acceptance_refused",
+                               data={"reason": exc.reason, "field": exc.field, "shadow": True})
+        return "acceptance_refused"
+    return f"shadow_accepted:{comparison.verdict}"
 
 
 def _store_result(*, op: Operation, lease_owner: str, stored: dict[str, Any],

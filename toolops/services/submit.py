@@ -25,8 +25,9 @@ from adapters import (
     SessionLostError,
     TransientError,
 )
-from adapters.base import FetchedResult, SubmitOutcome
+from adapters.base import FetchedResult, RemoteTask, SubmitOutcome
 from ledger.digests import request_digest
+from ledger.errors import IllegalTransition
 from ledger.models import Operation, ToolServer
 from ledger.services.events import event_append_locked
 from ledger.services.transitions import operation_transition
@@ -34,12 +35,19 @@ from ledger.states import State
 from toolops.errors import ServerNotFound, SubmissionKeyTaken, SubmitRefused
 from toolops.services.adapters_admin import adapter_assert_accepting
 from toolops.services.connections import RateLimited, adapter_for_server, server_token_take
+from toolops.services.executors import TASKS, operation_refuse_stale
 from toolops.services.negotiation import server_offers_tasks
 from toolops.services.observe import task_schedule_fields
 from toolops.services.results import (
     operation_complete_sync,
     operation_fetch_and_accept,
     operation_record_terminal_seen,
+)
+from toolops.services.rollout import (
+    rollout_assert_path_open_locked,
+    rollout_config_for,
+    rollout_route,
+    tool_is_read_only,
 )
 from toolops.services.servers import server_renegotiate
 
@@ -66,13 +74,13 @@ def _choose_mode(*, server: ToolServer, tool_name: str) -> tuple[str, dict[str, 
 
 
 def _insert_attempt(**fields: Any) -> Operation:
-    """One live attempt per call node and epoch (constraint op_one_live_attempt_per_node_epoch):
+    """One live attempt per call node (constraint op_one_live_attempt_per_node):
     a new attempt is possible only once every earlier one is NOT_FOUND_SAFE."""
     try:
         with transaction.atomic():
             return Operation.objects.create(**fields)
     except IntegrityError as exc:
-        if "op_one_live_attempt_per_node_epoch" not in str(exc) and "call_node_id" not in str(exc):
+        if "op_one_live_attempt_per_node" not in str(exc) and "call_node_id" not in str(exc):
             raise
         raise SubmitRefused(
             f"call node {fields['call_node_id']!r} already has an attempt that is not proven "
@@ -84,6 +92,7 @@ def _create_row(
     *, server: ToolServer, tool_name: str, tool: dict[str, Any], call_node_id: str,
     arguments: dict[str, Any], ttl_ms: int | None, mode: str, lease_owner: str,
     tenant: str, submission_key: str | None, submission_digest: str,
+    path: str, shadow_of: Operation | None = None,
 ) -> Operation:
     now = timezone.now()
     descriptor_version = tool["descriptor_digest"]
@@ -95,6 +104,7 @@ def _create_row(
                 arguments=arguments, ttl_ms=ttl_ms, mode=mode, lease_owner=lease_owner,
                 tenant=tenant, submission_key=submission_key or secrets.token_hex(16),
                 submission_digest=submission_digest, descriptor_version=descriptor_version,
+                path=path, shadow_of=shadow_of,
             )
     except IntegrityError as exc:
         if submission_key is None:
@@ -107,11 +117,17 @@ def _insert_row(
     *, now: datetime, lease: timedelta, server: ToolServer, tool_name: str, call_node_id: str,
     arguments: dict[str, Any], ttl_ms: int | None, mode: str, lease_owner: str, tenant: str,
     submission_key: str, submission_digest: str, descriptor_version: str,
+    path: str, shadow_of: Operation | None,
 ) -> Operation:
     # Draining/disabled adapters take no new rows; the lock orders this against a
     # concurrent disable (toolops/services/adapters_admin.py).
     adapter_assert_accepting(version=server.adapter_version)
+    # A rollback that committed after the path was chosen wins (toolops/services/rollout.py).
+    rollout_assert_path_open_locked(server=server, tool_name=tool_name, path=path)
     op = _insert_attempt(
+        executor_path=path,
+        shadow=shadow_of is not None,
+        shadow_of=shadow_of,
         call_node_id=call_node_id,
         server=server,
         tool_name=tool_name,
@@ -137,7 +153,8 @@ def _insert_row(
     event_append_locked(
         operation_id=op.id, kind="created", to_state=State.SUBMITTING,
         execution_epoch=op.execution_epoch, cancel_generation=op.cancel_generation,
-        data={"submission_key": op.submission_key, "mode": mode},
+        data={"submission_key": op.submission_key, "mode": mode, "path": path,
+              **({"shadow_of": str(shadow_of.id)} if shadow_of is not None else {})},
     )
     return op
 
@@ -211,13 +228,56 @@ def operation_submit(
         raise SubmitRefused("a call node id is required")
     args = dict(arguments or {})
     mode, tool = _choose_mode(server=server, tool_name=tool_name)
+    # The canary and the rollback switch pick the executor path (issue 9).
+    route = rollout_route(server=server, tool_name=tool_name, tool=tool, call_node_id=call_node_id,
+                          mode=mode, offers_tasks=server_offers_tasks(server=server))
+    op = _submit_row(server=server, tool_name=tool_name, tool=tool, call_node_id=call_node_id,
+                     arguments=args, ttl_ms=ttl_ms, mode=route.mode, path=route.path,
+                     tenant=tenant, submission_key=submission_key,
+                     submission_digest=submission_digest)
+    if route.shadow:
+        shadow_submit(legacy=op, server=server, tool=tool, ttl_ms=ttl_ms)
+    return op
+
+
+def shadow_submit(
+    *, legacy: Operation, server: ToolServer, tool: dict[str, Any], ttl_ms: int | None
+) -> Operation | None:
+    """Record a shadow operation beside a legacy call of a side-effect-free tool.
+
+    It runs on the tasks path and reaches its own terminal state, but acceptance gives it a
+    ShadowComparison, never a receipt or an outbox row. Its failure never touches the legacy call.
+    """
+    if not tool_is_read_only(server=server, tool_name=legacy.tool_name,
+                             config=rollout_config_for(server=server, tool_name=legacy.tool_name)):
+        # Never shadow a tool with side effects: the shadow would do the effect a second time.
+        raise SubmitRefused(f"tool {legacy.tool_name!r} is not declared side-effect free")
+    try:
+        return _submit_row(
+            server=server, tool_name=legacy.tool_name, tool=tool, call_node_id=legacy.call_node_id,
+            arguments=dict(legacy.body.get("arguments") or {}), ttl_ms=ttl_ms, mode="task",
+            path=TASKS, shadow_of=legacy, tenant=legacy.tenant,
+        )
+    except SubmitRefused as exc:
+        logger.warning("shadow of %s not recorded: %s", legacy.id, exc)
+        return None
+
+
+def _submit_row(
+    *, server: ToolServer, tool_name: str, tool: dict[str, Any], call_node_id: str,
+    arguments: dict[str, Any], ttl_ms: int | None, mode: str, path: str,
+    shadow_of: Operation | None = None, tenant: str = "", submission_key: str | None = None,
+    submission_digest: str = "",
+) -> Operation:
+    args = arguments
     if ttl_ms is None and mode == "task":
         ttl_ms = int(settings.TOOLOPS_DEFAULT_TTL_MS)
     owner = f"submit-{uuid.uuid4().hex[:12]}"
     op = _create_row(
         server=server, tool_name=tool_name, tool=tool, call_node_id=call_node_id,
-        arguments=args, ttl_ms=ttl_ms, mode=mode, lease_owner=owner,
-        tenant=tenant, submission_key=submission_key, submission_digest=submission_digest,
+        arguments=args, ttl_ms=ttl_ms, mode=mode, lease_owner=owner, path=path,
+        shadow_of=shadow_of, tenant=tenant, submission_key=submission_key,
+        submission_digest=submission_digest,
     )
     try:
         outcome = _send(op=op, server=server)
@@ -261,6 +321,22 @@ def operation_submit(
         return Operation.objects.get(id=op.id)
 
     task = outcome.task
+    try:
+        return _record_task_reply(op=op, owner=owner, task=task)
+    except IllegalTransition:
+        # A rollback handed the row to the other executor while the request was in transit: this
+        # submitter is a worker of the old epoch and writes nothing more. The reply goes into the
+        # refusal as evidence; the row (lease revoked, due now) is resolved by its new owner by
+        # key, never sent again.
+        if not operation_refuse_stale(
+            operation_id=op.id, claimed_epoch=op.execution_epoch, lease_owner=owner,
+            source="submit", evidence={"remote_id": task.remote_id, "status": task.status},
+        ):
+            raise
+        return Operation.objects.get(id=op.id)
+
+
+def _record_task_reply(*, op: Operation, owner: str, task: RemoteTask) -> Operation:
     now = timezone.now()
     if task.status in ("completed", "failed", "cancelled"):
         operation_record_terminal_seen(

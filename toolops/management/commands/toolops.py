@@ -96,6 +96,24 @@ class Command(BaseCommand):
         p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
         p.add_argument("--server", action="append", default=None, help="limit to these servers")
 
+        p = sub.add_parser("rollback", help="move new calls and in-flight rows to one executor path")
+        p.add_argument("--to", dest="to_path", required=True, choices=["legacy", "tasks"])
+        p.add_argument("--reason", required=True)
+        p.add_argument("--server", default=None, help="one server (default: every server)")
+        p.add_argument("--tool", default="", help="one tool of --server")
+        p.add_argument("--actor", default=None, help="who (default: cli:<os user>)")
+
+        p = sub.add_parser("rollout", help="set canary percent / shadow, or print the shadow report")
+        p.add_argument("--server", default=None)
+        p.add_argument("--tool", default="")
+        p.add_argument("--canary-percent", type=float, default=None)
+        p.add_argument("--shadow", choices=["on", "off"], default=None)
+        p.add_argument("--read-only", choices=["on", "off"], default=None,
+                       help="declare the tool side-effect free (for servers without readOnlyHint)")
+        p.add_argument("--reason", default="")
+        p.add_argument("--actor", default=None)
+        p.add_argument("--report", action="store_true", help="print the shadow report")
+
     def handle(self, *args: Any, **opts: Any) -> None:
         try:
             getattr(self, "_" + opts["subcommand"].replace("-", "_"))(opts)
@@ -227,6 +245,46 @@ class Command(BaseCommand):
         self.stdout.write("  ".join(columns))
         for row in figures:
             self.stdout.write("  ".join(str(row[c]) for c in columns))
+
+    def _rollback(self, opts: dict[str, Any]) -> None:
+        import getpass
+
+        from toolops.services.rollout import rollout_move
+
+        if opts["tool"] and not opts["server"]:
+            raise CommandError("--tool needs --server")
+        change = rollout_move(
+            to_path=opts["to_path"], reason=opts["reason"],
+            actor=opts["actor"] or f"cli:{getpass.getuser()}", server_name=opts["server"],
+            tool_name=opts["tool"],
+        )
+        self._print({"change": change.pk, "action": change.action, "actor": change.actor,
+                     "reason": change.reason, "from": change.from_path, "to": change.to_path,
+                     "rows_moved": change.rows_moved, "after": change.after})
+
+    def _rollout(self, opts: dict[str, Any]) -> None:
+        import getpass
+
+        from ledger.selectors_rollout import shadow_report
+        from toolops.services.rollout import rollout_configure
+
+        flags = {"on": True, "off": False, None: None}
+        changing = (opts["canary_percent"], opts["shadow"], opts["read_only"]) != (None,) * 3
+        out: dict[str, Any] = {}
+        if changing:
+            if not opts["server"]:
+                raise CommandError("--server is required to change a rollout")
+            change = rollout_configure(
+                server_name=opts["server"], tool_name=opts["tool"], reason=opts["reason"],
+                actor=opts["actor"] or f"cli:{getpass.getuser()}",
+                canary_percent=opts["canary_percent"], shadow=flags[opts["shadow"]],
+                declared_read_only=flags[opts["read_only"]],
+            )
+            out["change"] = {"id": change.pk, "before": change.before, "after": change.after}
+        if opts["report"] or not changing:
+            out["shadow_report"] = shadow_report(server_name=opts["server"],
+                                                 tool_name=opts["tool"] or None)
+        self._print(out)
 
     def _demo(self, opts: dict[str, Any]) -> None:
         from toolops.demo import run_demo

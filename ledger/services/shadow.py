@@ -1,0 +1,115 @@
+"""Shadow terminal records and their comparison with the legacy call (issue 9).
+
+A shadow operation reaches its own terminal state but never a TerminalReceipt or an OutboxEvent:
+`operation_accept_shadow_terminal` writes a ShadowComparison instead, in the same durable shape
+as acceptance (row lock first, then the comparison insert). The comparison is completed by
+whichever side finishes last: the shadow's acceptance if the legacy receipt already exists, or the
+legacy acceptance (`shadow_comparisons_complete_locked`, called inside its transaction).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from ledger.digests import canonical_digest
+from ledger.errors import AcceptanceRefused, OperationNotFound
+from ledger.models import Operation, ShadowComparison, TerminalReceipt
+from ledger.services.events import event_append_locked
+from ledger.states import State
+
+
+def comparable_digest(result: Any) -> str:
+    """Digest of what both paths must agree on: kind, error flag and payload without `_meta`.
+
+    The stored result digest also covers the server's status message and the payload's `_meta`
+    (MCP puts the related task id there), which differ between a synchronous answer and a task
+    result for the very same outcome; they are transport, not outcome.
+    """
+    if not isinstance(result, dict):
+        return canonical_digest(result)
+    payload = result.get("payload")
+    if isinstance(payload, dict):
+        payload = {k: v for k, v in payload.items() if k != "_meta"}
+    return canonical_digest({"kind": result.get("kind"), "is_error": result.get("is_error"),
+                             "payload": payload})
+
+
+def _verdict(comparison: ShadowComparison, legacy: Operation, receipt: TerminalReceipt) -> None:
+    comparison.legacy_terminal_status = receipt.terminal_status
+    comparison.legacy_result_digest = comparable_digest(legacy.result)
+    same_status = comparison.legacy_terminal_status == comparison.shadow_terminal_status
+    same_digest = comparison.legacy_result_digest == comparison.shadow_result_digest
+    comparison.verdict = (ShadowComparison.Verdict.AGREE if same_status and same_digest
+                          else ShadowComparison.Verdict.DISAGREE)
+    comparison.detail = {"same_terminal_status": same_status, "same_result_digest": same_digest}
+    comparison.compared_at = timezone.now()
+
+
+def shadow_comparisons_complete_locked(*, legacy: Operation, receipt: TerminalReceipt) -> int:
+    """Inside the legacy acceptance transaction: settle comparisons waiting for this receipt."""
+    done = 0
+    for comparison in ShadowComparison.objects.select_for_update().filter(
+        legacy_operation_id=legacy.id, verdict=ShadowComparison.Verdict.PENDING
+    ):
+        _verdict(comparison, legacy, receipt)
+        comparison.save()
+        done += 1
+    return done
+
+
+def operation_accept_shadow_terminal(
+    *, operation_id: uuid.UUID, execution_epoch: int, cancel_generation: int,
+    terminal_status: str, result_digest: str,
+) -> ShadowComparison:
+    """The shadow row's terminal record. Same guards as acceptance; never a receipt or outbox row."""
+    with transaction.atomic(durable=True):
+        op = Operation.objects.select_for_update().filter(id=operation_id).first()
+        if op is None:
+            raise OperationNotFound(str(operation_id))
+        if not op.shadow or op.shadow_of_id is None:
+            raise AcceptanceRefused("not a shadow operation", field="shadow")
+        if op.state == State.CANCEL_REQUESTED and terminal_status == "cancelled":
+            final_state = State.CANCELLED_ACCEPTED
+        elif op.state == State.FETCHING_RESULT and op.result_digest:
+            final_state = State.ACCEPTED
+        else:
+            raise AcceptanceRefused(f"state {op.state} cannot be accepted", field="state")
+        for field, expected, claimed in (
+            ("execution_epoch", op.execution_epoch, execution_epoch),
+            ("cancel_generation", op.cancel_generation, cancel_generation),
+            ("terminal_status", op.terminal_status, terminal_status),
+            ("result_digest", op.result_digest, result_digest),
+        ):
+            if expected != claimed:
+                raise AcceptanceRefused(
+                    f"{field} mismatch: ledger has {expected!r}, claim has {claimed!r}", field=field
+                )
+        try:
+            comparison = ShadowComparison.objects.create(
+                shadow_operation=op, legacy_operation_id=op.shadow_of_id,
+                call_node_id=op.call_node_id, tool_name=op.tool_name,
+                shadow_terminal_status=terminal_status,
+                shadow_result_digest=comparable_digest(op.result),
+            )
+        except IntegrityError as exc:
+            raise AcceptanceRefused("the shadow already has its record", field="shadow") from exc
+        legacy = Operation.objects.get(id=op.shadow_of_id)
+        receipt = TerminalReceipt.objects.filter(operation_id=legacy.id).first()
+        if receipt is not None:
+            _verdict(comparison, legacy, receipt)
+            comparison.save()
+        Operation.objects.filter(id=op.id, state=op.state).update(
+            state=final_state, next_poll_at=None, lease_owner="", lease_expires_at=None,
+            updated_at=timezone.now(),
+        )
+        event_append_locked(
+            operation_id=op.id, kind="shadow_accepted", from_state=op.state, to_state=final_state,
+            server_state=op.server_state, execution_epoch=op.execution_epoch,
+            cancel_generation=op.cancel_generation,
+            data={"comparison_id": comparison.pk, "verdict": comparison.verdict},
+        )
+        return comparison
