@@ -34,13 +34,15 @@ IN_FLIGHT = 8
 
 @pytest.fixture
 def server(mcp_url: str) -> ToolServer:
-    return server_add(name="ref", url=mcp_url, sync_bounds={"read_value": 10.0})
+    # A high QPS cap: the test is about epochs, and cap pacing of the 8 submits must not let the
+    # first task finish before its cancel is sent.
+    return server_add(name="ref", url=mcp_url, sync_bounds={"read_value": 10.0}, max_qps=200)
 
 
 def _submit_in_flight(n: int) -> list[Operation]:
     return [
         operation_submit(server_name="ref", tool_name="sleep_then_complete",
-                         call_node_id=f"rb-{i}", arguments={"seconds": 1.5, "value": f"v{i}"},
+                         call_node_id=f"rb-{i}", arguments={"seconds": 3, "value": f"v{i}"},
                          ttl_ms=60_000)
         for i in range(n)
     ]
