@@ -33,6 +33,9 @@ def _percentile(sorted_values: list[float], p: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description="cancel confirmation latency p50/p99")
     parser.add_argument("--n", type=int, default=200)
+    # The server's QPS cap: submit and cancel share its token bucket, so at the default cap of 10
+    # the figure includes up to two token intervals of pacing; a high cap isolates the protocol.
+    parser.add_argument("--max-qps", type=float, default=10.0)
     args = parser.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="toolops-bench-")
@@ -52,7 +55,7 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     run_tag = f"bench-{int(time.time())}"
     with running_reference_server(poll_interval_ms=100) as url:
-        server = server_add(name=run_tag, url=url)
+        server = server_add(name=run_tag, url=url, max_qps=args.max_qps)
         outcomes: dict[str, int] = {}
         op_ids = []
         wall: list[float] = []
