@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -75,27 +75,31 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def running_reference_server(
-    *, cooperating: bool | str = False, poll_interval_ms: int | None = None
+def running_peer(
+    *, name: str, command: Callable[[int], list[str]], url_for: Callable[[int], str],
+    ready: Callable[[str], object], startup_timeout_s: float = STARTUP_TIMEOUT_S,
+    log_stdout: bool = False,
 ) -> Iterator[str]:
-    """Run the peer on a free port; yield its MCP URL (http://127.0.0.1:PORT/mcp)."""
-    # stderr goes to a file, not a pipe: a pipe nobody drains would eventually block the server.
-    with tempfile.TemporaryDirectory(prefix="mcp-peer-") as tmp:
-        log_path = Path(tmp) / "stderr.log"
-        # The free port can be taken between probe and bind; retry a few times in that case.
+    """Run one peer process on a free port; yield its URL once `ready(url)` answers.
+
+    Output goes to a file, not a pipe: a pipe nobody drains would eventually block the server.
+    The free port can be taken between probe and bind, so a bind failure is retried.
+    """
+    with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
+        log_path = Path(tmp) / "output.log"
         last_error = ""
+        cmd: list[str] = []
         for _attempt in range(3):
             port = _free_port()
-            cmd = [sys.executable, "-m", "tests.peers.mcp_server", "--host", "127.0.0.1", "--port", str(port)]
-            if cooperating:
-                cmd += ["--cooperating", cooperating if isinstance(cooperating, str) else "full"]
-            if poll_interval_ms is not None:
-                cmd += ["--poll-interval-ms", str(poll_interval_ms)]
+            cmd = command(port)
             with open(log_path, "wb") as log:
-                proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=log)
-            url = f"http://127.0.0.1:{port}/mcp"
+                proc = subprocess.Popen(
+                    cmd, cwd=REPO_ROOT, stderr=log if not log_stdout else subprocess.STDOUT,
+                    stdout=log if log_stdout else subprocess.DEVNULL,
+                )
+            url = url_for(port)
             try:
-                if _wait_ready(proc, url):
+                if _wait_ready(proc, url, ready=ready, timeout_s=startup_timeout_s):
                     yield url
                     return
                 last_error = _read(log_path)
@@ -103,15 +107,43 @@ def running_reference_server(
                     break
             finally:
                 _stop(proc)
-        raise RuntimeError(f"reference MCP server did not start: {cmd}\n--- stderr ---\n{last_error}")
+        raise RuntimeError(f"{name} did not start: {cmd}\n--- output ---\n{last_error}")
 
 
-def _wait_ready(proc: subprocess.Popen[bytes], url: str) -> bool:
-    """True once /_peer/stats answers; False if the process exits or the timeout passes."""
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, *, ready: Callable[[str], object],
+                timeout_s: float) -> bool:
+    """True once `ready(url)` answers; False if the process exits or the timeout passes."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
+        try:
+            ready(url)
+            return True
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    return False
+
+
+@contextmanager
+def running_reference_server(
+    *, cooperating: bool | str = False, poll_interval_ms: int | None = None
+) -> Iterator[str]:
+    """Run the peer on a free port; yield its MCP URL (http://127.0.0.1:PORT/mcp)."""
+
+    def command(port: int) -> list[str]:
+        cmd = [sys.executable, "-m", "tests.peers.mcp_server", "--host", "127.0.0.1", "--port", str(port)]
+        if cooperating:
+            cmd += ["--cooperating", cooperating if isinstance(cooperating, str) else "full"]
+        if poll_interval_ms is not None:
+            cmd += ["--poll-interval-ms", str(poll_interval_ms)]
+        return cmd
+
+    with running_peer(name="reference MCP server", command=command,
+                      url_for=lambda port: f"http://127.0.0.1:{port}/mcp", ready=peer_stats) as url:
+        yield url
+
+
         try:
             peer_stats(url)
             return True

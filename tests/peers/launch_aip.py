@@ -5,18 +5,14 @@ Importable without Django: only the standard library and httpx.
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.peers.launch import REPO_ROOT, _free_port, _read, _stop
+from tests.peers.launch import running_peer
 
 STARTUP_TIMEOUT_S = 20.0
 # The fake's tool method and operations prefix, as a server-add would configure them.
@@ -46,36 +42,11 @@ def aip_reset(base_url: str) -> None:
 @contextmanager
 def running_aip_server() -> Iterator[str]:
     """Run the fake on a free port; yield its base URL (http://127.0.0.1:PORT)."""
-    with tempfile.TemporaryDirectory(prefix="aip-fake-") as tmp:
-        log_path = Path(tmp) / "stderr.log"
-        last_error = ""
-        for _attempt in range(3):
-            port = _free_port()
-            cmd = [sys.executable, "-m", "tests.peers.aip151_server", "--host", "127.0.0.1",
-                   "--port", str(port)]
-            with open(log_path, "wb") as log:
-                proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=log)
-            url = f"http://127.0.0.1:{port}"
-            try:
-                if _wait_ready(proc, url):
-                    yield url
-                    return
-                last_error = _read(log_path)
-                if "address already in use" not in last_error.lower():
-                    break
-            finally:
-                _stop(proc)
-        raise RuntimeError(f"AIP-151 fake did not start: {cmd}\n--- stderr ---\n{last_error}")
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], url: str) -> bool:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        try:
-            aip_stats(url)
-            return True
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    return False
+    with running_peer(
+        name="AIP-151 fake",
+        command=lambda port: [sys.executable, "-m", "tests.peers.aip151_server", "--host",
+                              "127.0.0.1", "--port", str(port)],
+        url_for=lambda port: f"http://127.0.0.1:{port}", ready=aip_stats,
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+    ) as url:
+        yield url

@@ -5,18 +5,14 @@ Importable without Django: only the standard library and httpx.
 
 from __future__ import annotations
 
-import subprocess
-import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from tests.peers.ext_venv import ext_venv_python
-from tests.peers.launch import REPO_ROOT, _base_url, _free_port, _read, _stop
+from tests.peers.launch import REPO_ROOT, _base_url, running_peer
 
 # FastMCP imports a lot on first start (cold bytecode cache in a fresh venv).
 STARTUP_TIMEOUT_S = 60.0
@@ -36,40 +32,17 @@ def running_ext_server(
 ) -> Iterator[str]:
     """Run the FastMCP + fastmcp-tasks peer on a free port; yield its MCP URL."""
     python = ext_venv_python()
-    with tempfile.TemporaryDirectory(prefix="mcp-ext-peer-") as tmp:
-        log_path = Path(tmp) / "stderr.log"
-        last_error = ""
-        for _attempt in range(3):
-            port = _free_port()
-            cmd = [str(python), str(SERVER_SCRIPT), "--host", "127.0.0.1", "--port", str(port),
-                   "--poll-interval-ms", str(poll_interval_ms)]
-            if execution_ttl_ms is not None:
-                cmd += ["--execution-ttl-ms", str(execution_ttl_ms)]
-            if not tasks:
-                cmd.append("--no-tasks")
-            with open(log_path, "wb") as log:
-                proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
-            url = f"http://127.0.0.1:{port}/mcp"
-            try:
-                if _wait_ready(proc, url):
-                    yield url
-                    return
-                last_error = _read(log_path)
-                if "address already in use" not in last_error.lower():
-                    break
-            finally:
-                _stop(proc)
-        raise RuntimeError(f"ext MCP server did not start: {cmd}\n--- output ---\n{last_error}")
 
+    def command(port: int) -> list[str]:
+        cmd = [str(python), str(SERVER_SCRIPT), "--host", "127.0.0.1", "--port", str(port),
+               "--poll-interval-ms", str(poll_interval_ms)]
+        if execution_ttl_ms is not None:
+            cmd += ["--execution-ttl-ms", str(execution_ttl_ms)]
+        if not tasks:
+            cmd.append("--no-tasks")
+        return cmd
 
-def _wait_ready(proc: subprocess.Popen[bytes], url: str) -> bool:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        try:
-            ext_peer_stats(url)
-            return True
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    return False
+    with running_peer(name="ext MCP server", command=command,
+                      url_for=lambda port: f"http://127.0.0.1:{port}/mcp", ready=ext_peer_stats,
+                      startup_timeout_s=STARTUP_TIMEOUT_S, log_stdout=True) as url:
+        yield url
