@@ -17,6 +17,7 @@ as a running maximum over calendar seconds, so the report reads three small keys
 
 from __future__ import annotations
 
+import atexit
 import math
 import threading
 import time
@@ -111,6 +112,9 @@ class RedisTokenBucket:
         import redis
 
         self._redis: Any = redis.Redis.from_url(url)
+        # Close the pool while the interpreter is still whole: redis-py's __del__ at shutdown
+        # runs after `os` is torn down and prints a spurious traceback.
+        atexit.register(self._redis.close)
         self._script: Any = self._redis.register_script(_TAKE_SCRIPT)
         self._prefix = prefix
 
