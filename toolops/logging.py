@@ -111,6 +111,9 @@ def logging_config(*, level: str) -> dict[str, Any]:
         "loggers": {
             "toolops": {"handlers": ["console"], "level": level, "propagate": False},
             "ledger": {"handlers": ["console"], "level": level, "propagate": False},
+            # httpx logs every request URL at INFO; URLs may carry credentials.
+            "httpx": {"level": "WARNING"},
+            "httpcore": {"level": "WARNING"},
         },
     }
 

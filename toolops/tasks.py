@@ -9,6 +9,7 @@ from celery import shared_task
 from toolops.services.dispatch import operations_dispatch_due
 from toolops.services.inputs import input_rounds_expire_due
 from toolops.services.observe import operation_poll
+from toolops.services.outbox import outbox_relay
 
 
 def _enqueue_poll(operation_id: uuid.UUID, lease_owner: str) -> None:
@@ -24,3 +25,9 @@ def dispatch_due() -> int:
 @shared_task(name="toolops.poll_operation", ignore_result=True, acks_late=True)
 def poll_operation(operation_id: str, lease_owner: str) -> str:
     return operation_poll(operation_id=uuid.UUID(operation_id), lease_owner=lease_owner)
+
+
+@shared_task(name="toolops.relay_outbox", ignore_result=True)
+def relay_outbox() -> int:
+    """One relay pass with the configured handler (TOOLOPS_OUTBOX_HANDLER)."""
+    return outbox_relay().published

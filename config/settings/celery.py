@@ -6,7 +6,7 @@ the beat dispatcher re-claims any row whose lease expired, so a lost message cos
 
 from __future__ import annotations
 
-from config.env import env_int, env_str
+from config.env import env_bool, env_int, env_str
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
 # No result backend: task return values are never read; the ledger records every outcome.
@@ -32,3 +32,12 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": 1.0},
     },
 }
+
+# The outbox relay on beat is opt-in: a host that consumes the outbox itself (toolops.api.
+# consume_outbox) must not have a second relay mark its events published first.
+if env_bool("TOOLOPS_OUTBOX_RELAY_ON_BEAT", False):
+    CELERY_BEAT_SCHEDULE["toolops-relay-outbox"] = {
+        "task": "toolops.relay_outbox",
+        "schedule": 1.0,
+        "options": {"expires": 1.0},
+    }

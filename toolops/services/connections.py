@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from adapters import TaskAdapter, TransientError, adapter_for
 from ledger.models import ToolServer
+from toolops.metrics import qps_token_denied_inc
 from toolops.qps import qps_bucket, retry_spread_seconds, server_bucket_key
 
 T = TypeVar("T")
@@ -108,6 +109,7 @@ def server_token_take(*, server: ToolServer, purpose: str, follow_up: bool = Fal
         return
     # Full jitter over the time the bucket needs to serve everyone refused this second: the
     # refused callers come back spread out, not as one herd at the next refill.
+    qps_token_denied_inc(server=server.name)
     delay = take.wait_s + _rng.uniform(0.0, retry_spread_seconds(take=take, rate=rate))
     raise RateLimited(server_id=server.pk, purpose=purpose,
                       retry_at=timezone.now() + timedelta(seconds=delay))

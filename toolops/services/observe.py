@@ -22,6 +22,7 @@ from ledger.errors import IllegalTransition
 from ledger.models import Operation, OperationEvent
 from ledger.services.transitions import operation_transition, operation_update_guarded
 from ledger.states import State
+from toolops.logging import get_logger, operation_log_context_for
 from toolops.scheduling import (
     backoff_window_seconds,
     next_poll_after_error_at,
@@ -35,6 +36,7 @@ __all__ = ["operation_poll", "operation_reschedule_after_error", "operation_resc
            "operation_to_reconciliation", "task_schedule_fields"]
 
 logger = logging.getLogger("toolops.poll")
+poll_logger = get_logger("toolops.poll")
 
 TERMINAL_SERVER_STATUSES = frozenset({"completed", "failed", "cancelled"})
 RELEASE: dict[str, Any] = {"lease_owner": "", "lease_expires_at": None}
@@ -133,11 +135,21 @@ def operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
     A worker of an older execution epoch (issue 9: a rollback moved the row to the other
     executor) is refused and the refusal recorded, whether it arrives late or is caught mid-poll.
     """
-    from toolops.services.executors import operation_refuse_stale, worker_refused_at_start
-
-    op = Operation.objects.filter(id=operation_id).first()
+    op = Operation.objects.select_related("server").filter(id=operation_id).first()
     if op is None:
         return "missing"
+    # Every log line of this poll (ours, the adapters', the services') carries the operation's
+    # identity; the row is already loaded, so this costs no query.
+    with operation_log_context_for(op):
+        outcome = _operation_poll_checked(op=op, lease_owner=lease_owner)
+        poll_logger.debug("operation polled", outcome=outcome, lease_owner=lease_owner)
+        return outcome
+
+
+def _operation_poll_checked(*, op: Operation, lease_owner: str) -> str:
+    from toolops.services.executors import operation_refuse_stale, worker_refused_at_start
+
+    operation_id = op.id
     if worker_refused_at_start(op=op, lease_owner=lease_owner):
         return "stale_epoch"
     try:
