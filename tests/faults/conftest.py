@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
 
 import pytest
 from django.utils import timezone
@@ -63,9 +64,10 @@ def settle(max_seconds: float = 30.0) -> None:
 def claim_now(op: Operation, owner: str) -> None:
     """Make the row due and claim it for `owner` (a real claim: lease, poll_attempts). A lease
     still held is taken as run out (a stuck worker), which is how a second poller gets the row."""
-    Operation.objects.filter(id=op.id).update(next_poll_at=timezone.now(),
+    # Earliest due of all rows, and a batch of one: other rows of the test stay unclaimed.
+    Operation.objects.filter(id=op.id).update(next_poll_at=timezone.now() - timedelta(hours=1),
                                               lease_expires_at=timezone.now())
-    assert operations_claim_due(owner=owner) == [op.id]
+    assert operations_claim_due(owner=owner, limit=1) == [op.id]
 
 
 def wait_server_status(server: ToolServer, remote_id: str, wanted: set[str],

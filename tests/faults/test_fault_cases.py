@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -57,8 +58,8 @@ def _poll_in_thread(op: Operation, owner: str, out: list[str]) -> threading.Thre
     return thread
 
 
-def _status(status: str) -> object:
-    def rewrite(message: dict) -> dict:
+def _status(status: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def rewrite(message: dict[str, Any]) -> dict[str, Any]:
         return {**message, "result": {**message["result"], "status": status}}
     return rewrite
 

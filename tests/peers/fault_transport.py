@@ -75,8 +75,8 @@ def _request_info(content: bytes) -> tuple[str, str | None, Any]:
         return "", None, None
     if not isinstance(body, dict):
         return "", None, None
-    params = body.get("params") if isinstance(body.get("params"), dict) else {}
-    task_id = params.get("taskId")
+    params = body.get("params")
+    task_id = params.get("taskId") if isinstance(params, dict) else None
     return str(body.get("method", "")), task_id if isinstance(task_id, str) else None, body.get("id")
 
 
