@@ -76,8 +76,9 @@ def test_case1_created_but_initial_response_lost(
     drop = faults.script(Rule(action="drop", method="tools/call"))
     op = submit(srv, seconds=0.2, value="c1")
     assert drop.fired == 1
+    # First: one operation on the server for the key, and the row findable by it.
+    assert_invariants(mcp_url=url, ops=[op])
     assert op.state == State.SUBMISSION_UNKNOWN and not op.remote_id
-    assert_invariants(mcp_url=url, ops=[op])  # UNKNOWN, findable by its submission key
     settle()
     op.refresh_from_db()
     if cooperating:
