@@ -120,3 +120,13 @@ def test_every_submission_creates_exactly_one_task_on_the_server(server: ToolSer
     assert all(keys.get(op.submission_key) == 1 for op in ops)
     assert TerminalReceipt.objects.filter(operation__in=ops).count() == 5
     assert OutboxEvent.objects.filter(receipt__operation__in=ops).count() == 5
+
+
+def test_a_completed_status_without_its_fetched_result_is_never_stored() -> None:
+    from toolops.services.results import ResultRejected, _stored_result
+
+    with pytest.raises(ResultRejected, match="no result was fetched"):
+        _stored_result(status="completed", fetched=None, status_message="")
+    with pytest.raises(ResultRejected, match="no result was fetched"):
+        _stored_result(status="failed", fetched=None, status_message="boom")
+    assert _stored_result(status="cancelled", fetched=None, status_message="")["kind"] == "none"

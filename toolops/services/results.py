@@ -39,6 +39,10 @@ class ResultRejected(Exception):
 
 def _stored_result(*, status: str, fetched: FetchedResult | None, status_message: str) -> dict[str, Any]:
     if fetched is None:
+        # Only `cancelled` has nothing to fetch; a completed or failed status without its fetched
+        # result must never be stored (and so never accepted), whatever the caller's control flow.
+        if status != "cancelled":
+            raise ResultRejected(f"status {status} but no result was fetched")
         return {"kind": "none", "payload": None, "is_error": False, "status_message": status_message}
     if status == "completed" and fetched.kind != "result":
         raise ResultRejected(f"status completed but the result is {fetched.kind!r}")
