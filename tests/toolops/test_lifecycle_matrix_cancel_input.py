@@ -1,0 +1,265 @@
+"""Cancel and input flows THROUGH THE EXECUTOR (operation_cancel, operation_answer_input,
+run_embedded) for Shape B (FastMCP + fastmcp-tasks peer) and the AIP-151 fake.
+
+Both shapes only acknowledge a cancel ("cancel_ack_only"): the executor keeps the row
+CANCEL_REQUESTED and polls until the server names the terminal state that won. Each case
+asserts exactly one receipt per call node and the count of remote operations the peer made.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from ledger.models import InputRequest, Operation, OperationEvent, TerminalReceipt, ToolServer
+from ledger.selectors import operation_snapshot
+from ledger.states import State
+from tests.peers.launch_aip import AIP_OPTIONS, aip_reset, aip_stats
+from tests.peers.launch_ext import ext_peer_stats
+from toolops.runner import run_embedded
+from toolops.services.cancel import operation_cancel
+from toolops.services.connections import adapter_for_server, adapters_close_all
+from toolops.services.dispatch import operations_claim_due
+from toolops.services.inputs import (
+    InputAnswerRefused,
+    operation_answer_input,
+    operation_open_input_round,
+)
+from toolops.services.servers import server_add
+from toolops.services.submit import operation_submit
+
+pytestmark = pytest.mark.django_db
+
+EXT = "mcp-tasks-ext/2026-07-28"
+
+
+@pytest.fixture
+def ext_server(ext_url: str) -> ToolServer:
+    return server_add(name="ext", url=ext_url, adapter_version=EXT)
+
+
+@pytest.fixture
+def aip_server(aip_url: str) -> Iterator[ToolServer]:
+    aip_reset(aip_url)
+    yield server_add(name="aip", url=aip_url, adapter_version="aip-151/v1", options=AIP_OPTIONS)
+    aip_reset(aip_url)
+
+
+def _submit(server: ToolServer, tool: str, node: str, **args: object) -> Operation:
+    return operation_submit(server_name=server.name, tool_name=tool, call_node_id=node,
+                            arguments=dict(args))
+
+
+def _settle() -> None:
+    run_embedded(until_idle=True, max_seconds=30)
+
+
+def _kinds(op: Operation) -> list[str]:
+    return list(OperationEvent.objects.filter(operation=op).order_by("seq")
+                .values_list("kind", flat=True))
+
+
+def _one_receipt(op: Operation) -> dict[str, Any]:
+    """Exactly one receipt and one outbox row for the call node; returns the snapshot."""
+    assert TerminalReceipt.objects.filter(operation__call_node_id=op.call_node_id).count() == 1
+    snap = operation_snapshot(operation_id=op.id)
+    assert len(snap["outbox"]) == 1
+    return snap
+
+
+def _wait_remote(server: ToolServer, remote_id: str, wanted: set[str]) -> str:
+    deadline = time.monotonic() + 15
+    while True:
+        status = adapter_for_server(server=server).get(remote_id=remote_id).status
+        if status in wanted:
+            return status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.05)
+
+
+def _ext_runs(url: str, tool: str) -> int:
+    return int(ext_peer_stats(url)["runs"].get(tool, 0))
+
+
+# -- Shape B: mcp-tasks-ext/2026-07-28 ---------------------------------------------------------
+
+
+def test_ext_cancel_wins_stays_requested_until_get_says_cancelled(
+    ext_server: ToolServer, ext_url: str
+) -> None:
+    runs = _ext_runs(ext_url, "sleep_then_complete")
+    op = _submit(ext_server, "sleep_then_complete", "ext-cancel-wins", seconds=5, value="never")
+    outcome = operation_cancel(operation_id=op.id)
+    row = Operation.objects.get(id=op.id)
+    if outcome != "accepted:cancelled":
+        # The ack is no evidence: the row waits for tasks/get to name the terminal state.
+        assert outcome == "cancel_reply_not_cancelled", outcome
+        assert row.state == State.CANCEL_REQUESTED and row.next_poll_at is not None
+        assert TerminalReceipt.objects.filter(operation=op).count() == 0
+    _settle()
+    snap = _one_receipt(op)
+    assert snap["state"] == State.CANCELLED_ACCEPTED and snap["cancel_generation"] == 1
+    assert snap["receipt"]["terminal_status"] == "cancelled"
+    assert snap["receipt"]["payload"] is None
+    assert snap["outbox"][0]["payload"]["payload"] is None
+    kinds = [e["kind"] for e in snap["events"]]
+    assert kinds.index("cancel_requested") < kinds.index("cancel_confirmed") < kinds.index("accepted")
+    assert "result_fetched" not in kinds
+    assert adapter_for_server(server=ext_server).get(remote_id=op.remote_id).status == "cancelled"
+    assert _ext_runs(ext_url, "sleep_then_complete") - runs == 1
+
+
+def test_ext_completion_wins_the_receipt_stays_completed(
+    ext_server: ToolServer, ext_url: str
+) -> None:
+    runs = _ext_runs(ext_url, "sleep_then_complete")
+    op = _submit(ext_server, "sleep_then_complete", "ext-completion-wins", seconds=0.05, value="won")
+    _wait_remote(ext_server, op.remote_id, {"completed"})  # our poller has not seen it yet
+    outcome = operation_cancel(operation_id=op.id)
+    assert outcome in {"accepted:completed", "cancel_reply_not_cancelled"}, outcome
+    _settle()
+    snap = _one_receipt(op)
+    assert snap["state"] == State.ACCEPTED
+    assert snap["receipt"]["terminal_status"] == "completed"
+    assert snap["receipt"]["payload"]["payload"]["content"][0]["text"] == "won"
+    kinds = [e["kind"] for e in snap["events"]]
+    assert "cancel_lost" in kinds and "cancel_confirmed" not in kinds
+    assert kinds.index("result_fetched") < kinds.index("accepted")
+    # Never rewritten: the server and the ledger both still say completed.
+    assert adapter_for_server(server=ext_server).get(remote_id=op.remote_id).status == "completed"
+    assert TerminalReceipt.objects.get(operation=op).terminal_status == "completed"
+    assert _ext_runs(ext_url, "sleep_then_complete") - runs == 1
+
+
+def test_ext_input_round_answered_then_completed(ext_server: ToolServer, ext_url: str) -> None:
+    runs = _ext_runs(ext_url, "ask_input")
+    op = _submit(ext_server, "ask_input", "ext-input-answered", question="Name?")
+    deadline = time.monotonic() + 15
+    while Operation.objects.get(id=op.id).state != State.INPUT_REQUIRED:
+        assert time.monotonic() < deadline
+        run_embedded(until_idle=True, max_seconds=1)
+    op.refresh_from_db()
+    assert op.input_round == 1 and op.next_poll_at is None
+    ir = InputRequest.objects.get(operation=op, round=1)
+    # Opened from the inline `inputRequests` of tasks/get, keyed by the server's own key
+    # (fastmcp-tasks namespaces the tool's "name" key per leg).
+    live = adapter_for_server(server=ext_server).get(remote_id=op.remote_id)
+    assert [f'"{r.request_id}"' for r in live.input_requests] == [ir.server_request_id]
+    assert ir.method == "elicitation/create"
+    assert ir.params["message"] == "Name?" and ir.status == InputRequest.Status.OPEN
+
+    assert operation_answer_input(operation_id=op.id, input_round=1,
+                                  schema_digest=ir.schema_digest,
+                                  response={"name": "Ada"}) == "delivered"
+    op.refresh_from_db()
+    assert op.state == State.WORKING and op.next_poll_at is not None
+    _settle()
+    snap = _one_receipt(op)
+    assert snap["state"] == State.ACCEPTED
+    assert snap["receipt"]["terminal_status"] == "completed"
+    assert snap["receipt"]["payload"]["payload"]["content"][0]["text"] == "Hello, Ada!"
+    assert InputRequest.objects.filter(operation=op).count() == 1
+    kinds = _kinds(op)
+    assert kinds.count("input_round_opened") == 1 and kinds.count("input_delivered") == 1
+    # One task; the extension re-runs the body once per input leg.
+    assert _ext_runs(ext_url, "ask_input") - runs == 2
+
+
+def test_ext_replayed_input_key_opens_no_new_round(ext_server: ToolServer) -> None:
+    """The extension repeats `inputRequests` on every read until it processes the answer; a
+    worker that reads the same key again (a fresh process: no adapter memory) opens nothing."""
+    op = _submit(ext_server, "ask_input", "ext-input-replay", question="Name?")
+    deadline = time.monotonic() + 15
+    while Operation.objects.get(id=op.id).state != State.INPUT_REQUIRED:
+        assert time.monotonic() < deadline
+        run_embedded(until_idle=True, max_seconds=1)
+    seen = adapter_for_server(server=ext_server).get(remote_id=op.remote_id)
+    assert seen.status == "input_required" and len(seen.input_requests) == 1
+    key = f'"{seen.input_requests[0].request_id}"'
+    # A second worker holding an older `input_required` observation of the still-WORKING row
+    # (the same shape as test_inputs' replay case): its read returns the key again.
+    Operation.objects.filter(id=op.id).update(state=State.WORKING, next_poll_at=timezone.now())
+    assert operations_claim_due(owner="replay") == [op.id]
+    adapters_close_all()
+    op.refresh_from_db()
+    outcome = operation_open_input_round(op=op, lease_owner="replay", task=seen, fields={},
+                                         data={"status": "input_required"})
+    assert outcome == "input_required_replayed"
+    replay = OperationEvent.objects.filter(operation=op, kind="input_required_no_new_round").get()
+    assert replay.data["requests_seen"] == [key]  # the key was read, and deduplicated
+    assert InputRequest.objects.filter(operation=op).count() == 1
+    # Back to the paused row, then the real answer: still one round, one receipt.
+    Operation.objects.filter(id=op.id).update(state=State.INPUT_REQUIRED, next_poll_at=None)
+    ir = InputRequest.objects.get(operation=op, round=1)
+    assert operation_answer_input(operation_id=op.id, input_round=1,
+                                  schema_digest=ir.schema_digest,
+                                  response={"name": "Bob"}) == "delivered"
+    _settle()
+    snap = _one_receipt(op)
+    assert snap["receipt"]["payload"]["payload"]["content"][0]["text"] == "Hello, Bob!"
+    assert InputRequest.objects.filter(operation=op).count() == 1
+
+
+# -- aip-151/v1 ---------------------------------------------------------------------------------
+
+
+def test_aip_cancel_wins_done_with_code_1_is_cancelled(aip_server: ToolServer, aip_url: str) -> None:
+    before = aip_stats(aip_url)["counters"]
+    op = _submit(aip_server, "render", "aip-cancel-wins", seconds=5, value="never",
+                 cancelDelaySeconds=0.3)
+    outcome = operation_cancel(operation_id=op.id)
+    # The fake applies the cancel 0.3 s later: the ack reads `working`, the row waits.
+    assert outcome == "cancel_reply_not_cancelled", outcome
+    row = Operation.objects.get(id=op.id)
+    assert row.state == State.CANCEL_REQUESTED and row.next_poll_at is not None
+    _settle()
+    snap = _one_receipt(op)
+    assert snap["state"] == State.CANCELLED_ACCEPTED
+    assert snap["receipt"]["terminal_status"] == "cancelled"
+    assert snap["receipt"]["payload"] is None
+    kinds = [e["kind"] for e in snap["events"]]
+    assert kinds.index("cancel_requested") < kinds.index("cancel_confirmed") < kinds.index("accepted")
+    after = aip_stats(aip_url)["counters"]
+    assert after["created"] - before.get("created", 0) == 1
+    assert after["cancel"] - before.get("cancel", 0) == 1
+
+
+def test_aip_completion_wins_when_the_cancel_loses(aip_server: ToolServer, aip_url: str) -> None:
+    before = aip_stats(aip_url)["counters"]
+    op = _submit(aip_server, "render", "aip-completion-wins", seconds=0.5, value="won",
+                 cancelLoses=True)
+    outcome = operation_cancel(operation_id=op.id)
+    assert outcome == "cancel_reply_not_cancelled", outcome  # acked, still running
+    _settle()
+    snap = _one_receipt(op)
+    assert snap["state"] == State.ACCEPTED
+    assert snap["receipt"]["terminal_status"] == "completed"
+    assert snap["receipt"]["payload"]["payload"]["value"] == "won"
+    kinds = [e["kind"] for e in snap["events"]]
+    assert "cancel_lost" in kinds and "cancel_confirmed" not in kinds
+    after = aip_stats(aip_url)["counters"]
+    assert after["created"] - before.get("created", 0) == 1
+    assert after["cancel"] - before.get("cancel", 0) == 1
+
+
+def test_aip_has_no_input_answer_is_refused_and_no_round_opens(
+    aip_server: ToolServer, aip_url: str
+) -> None:
+    before = aip_stats(aip_url)["counters"]
+    op = _submit(aip_server, "render", "aip-no-input", seconds=0.3, value="v")
+    with pytest.raises(InputAnswerRefused, match="takes no input"):
+        operation_answer_input(operation_id=op.id, input_round=1, schema_digest="sha256:x",
+                               response={"name": "Ada"})
+    assert "input_answer_refused" in _kinds(op)
+    _settle()
+    snap = _one_receipt(op)
+    assert snap["receipt"]["terminal_status"] == "completed"
+    assert InputRequest.objects.filter(operation=op).count() == 0
+    kinds = [e["kind"] for e in snap["events"]]
+    assert "input_round_opened" not in kinds
+    after = aip_stats(aip_url)["counters"]
+    assert after["created"] - before.get("created", 0) == 1
