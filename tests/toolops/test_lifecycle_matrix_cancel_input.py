@@ -251,7 +251,7 @@ def test_aip_has_no_input_answer_is_refused_and_no_round_opens(
 ) -> None:
     before = aip_stats(aip_url)["counters"]
     op = _submit(aip_server, "render", "aip-no-input", seconds=0.3, value="v")
-    with pytest.raises(InputAnswerRefused, match="takes no input"):
+    with pytest.raises(InputAnswerRefused, match="aip-151/v1, whose operations take no input"):
         operation_answer_input(operation_id=op.id, input_round=1, schema_digest="sha256:x",
                                response={"name": "Ada"})
     assert "input_answer_refused" in _kinds(op)
