@@ -8,10 +8,13 @@ asserts exactly one receipt per call node and the count of remote operations the
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from django.utils import timezone
 
@@ -22,7 +25,11 @@ from tests.peers.launch_aip import AIP_OPTIONS, aip_reset, aip_stats
 from tests.peers.launch_ext import ext_peer_stats
 from toolops.runner import run_embedded
 from toolops.services.cancel import operation_cancel
-from toolops.services.connections import adapter_for_server, adapters_close_all
+from toolops.services.connections import (
+    adapter_for_server,
+    adapters_close_all,
+    connections_use_transport,
+)
 from toolops.services.dispatch import operations_claim_due
 from toolops.services.inputs import (
     InputAnswerRefused,
@@ -88,19 +95,7 @@ def _ext_runs(url: str, tool: str) -> int:
 # -- Shape B: mcp-tasks-ext/2026-07-28 ---------------------------------------------------------
 
 
-def test_ext_cancel_wins_stays_requested_until_get_says_cancelled(
-    ext_server: ToolServer, ext_url: str
-) -> None:
-    runs = _ext_runs(ext_url, "sleep_then_complete")
-    op = _submit(ext_server, "sleep_then_complete", "ext-cancel-wins", seconds=5, value="never")
-    outcome = operation_cancel(operation_id=op.id)
-    row = Operation.objects.get(id=op.id)
-    if outcome != "accepted:cancelled":
-        # The ack is no evidence: the row waits for tasks/get to name the terminal state.
-        assert outcome == "cancel_reply_not_cancelled", outcome
-        assert row.state == State.CANCEL_REQUESTED and row.next_poll_at is not None
-        assert TerminalReceipt.objects.filter(operation=op).count() == 0
-    _settle()
+def _assert_cancelled_receipt(op: Operation, *, confirmed_by: str) -> None:
     snap = _one_receipt(op)
     assert snap["state"] == State.CANCELLED_ACCEPTED and snap["cancel_generation"] == 1
     assert snap["receipt"]["terminal_status"] == "cancelled"
@@ -109,7 +104,73 @@ def test_ext_cancel_wins_stays_requested_until_get_says_cancelled(
     kinds = [e["kind"] for e in snap["events"]]
     assert kinds.index("cancel_requested") < kinds.index("cancel_confirmed") < kinds.index("accepted")
     assert "result_fetched" not in kinds
+    confirmed = [e for e in snap["events"] if e["kind"] == "cancel_confirmed"]
+    assert [e["data"]["source"] for e in confirmed] == [confirmed_by]
+
+
+def test_ext_cancel_wins_confirmed_by_the_read_after_the_ack(
+    ext_server: ToolServer, ext_url: str
+) -> None:
+    """fastmcp-tasks applies the cancel before it acks, so the adapter's read after the ack
+    already says `cancelled`: that read (not the ack) is the evidence."""
+    runs = _ext_runs(ext_url, "sleep_then_complete")
+    op = _submit(ext_server, "sleep_then_complete", "ext-cancel-wins", seconds=5, value="never")
+    assert operation_cancel(operation_id=op.id) == "accepted:cancelled"
+    _assert_cancelled_receipt(op, confirmed_by="cancel_reply")
     assert adapter_for_server(server=ext_server).get(remote_id=op.remote_id).status == "cancelled"
+    assert _ext_runs(ext_url, "sleep_then_complete") - runs == 1
+
+
+class _CancelLagTransport(httpx.BaseTransport):
+    """Real HTTP to the peer; the first `tasks/get` after a `tasks/cancel` reads `working`, as
+    a server whose cancellation takes effect after the ack reports it (SEP-2663: the cancel is
+    only an acknowledgement). Every later read is the peer's own answer."""
+
+    def __init__(self) -> None:
+        self._inner = httpx.HTTPTransport()
+        self._lag = False
+        self.rewritten = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        method = json.loads(request.read() or b"{}").get("method")
+        response = self._inner.handle_request(request)
+        if method == "tasks/cancel":
+            self._lag = True
+        if method != "tasks/get" or not self._lag:
+            return response
+        self._lag = False
+        body = response.read()
+        lagged = re.sub(rb'"status":\s*"cancelled"', b'"status":"working"', body)
+        self.rewritten += lagged != body
+        headers = [(k, v) for k, v in response.headers.items()
+                   if k.lower() not in ("content-length", "content-encoding")]
+        response.close()
+        return httpx.Response(response.status_code, headers=headers, content=lagged,
+                              request=request)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def test_ext_cancel_ack_only_stays_requested_and_polls_until_cancelled(
+    ext_server: ToolServer, ext_url: str
+) -> None:
+    runs = _ext_runs(ext_url, "sleep_then_complete")
+    op = _submit(ext_server, "sleep_then_complete", "ext-cancel-ack", seconds=5, value="never")
+    transport = _CancelLagTransport()
+    connections_use_transport(lambda server: transport)
+    try:
+        assert operation_cancel(operation_id=op.id) == "cancel_reply_not_cancelled"
+        assert transport.rewritten == 1
+        row = Operation.objects.get(id=op.id)
+        # The ack is no evidence: the row waits, due for a poll, with no receipt.
+        assert row.state == State.CANCEL_REQUESTED and row.next_poll_at is not None
+        assert row.lease_owner in (None, "")
+        assert TerminalReceipt.objects.filter(operation=op).count() == 0
+        _settle()
+    finally:
+        connections_use_transport(None)
+    _assert_cancelled_receipt(op, confirmed_by="poll")
     assert _ext_runs(ext_url, "sleep_then_complete") - runs == 1
 
 
