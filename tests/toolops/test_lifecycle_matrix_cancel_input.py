@@ -243,33 +243,50 @@ def test_ext_replayed_input_key_opens_no_new_round(ext_server: ToolServer) -> No
 # -- aip-151/v1 ---------------------------------------------------------------------------------
 
 
-def test_aip_cancel_wins_done_with_code_1_is_cancelled(aip_server: ToolServer, aip_url: str) -> None:
-    before = aip_stats(aip_url)["counters"]
-    op = _submit(aip_server, "render", "aip-cancel-wins", seconds=5, value="never",
-                 cancelDelaySeconds=0.3)
-    outcome = operation_cancel(operation_id=op.id)
-    # The fake applies the cancel 0.3 s later: the ack reads `working`, the row waits.
-    assert outcome == "cancel_reply_not_cancelled", outcome
-    row = Operation.objects.get(id=op.id)
-    assert row.state == State.CANCEL_REQUESTED and row.next_poll_at is not None
-    _settle()
-    snap = _one_receipt(op)
-    assert snap["state"] == State.CANCELLED_ACCEPTED
-    assert snap["receipt"]["terminal_status"] == "cancelled"
-    assert snap["receipt"]["payload"] is None
-    kinds = [e["kind"] for e in snap["events"]]
-    assert kinds.index("cancel_requested") < kinds.index("cancel_confirmed") < kinds.index("accepted")
+def _aip_counts(aip_url: str, before: dict[str, int]) -> tuple[int, int]:
     after = aip_stats(aip_url)["counters"]
-    assert after["created"] - before.get("created", 0) == 1
-    assert after["cancel"] - before.get("cancel", 0) == 1
+    return (after.get("created", 0) - before.get("created", 0),
+            after.get("cancel", 0) - before.get("cancel", 0))
 
 
-def test_aip_completion_wins_when_the_cancel_loses(aip_server: ToolServer, aip_url: str) -> None:
+@pytest.mark.parametrize(("delay_s", "first_outcome", "confirmed_by"), [
+    (0.0, "accepted:cancelled", "cancel_reply"),  # the Get after the ack already says done/1
+    (0.3, "cancel_reply_not_cancelled", "poll"),  # the cancel lands later: the row waits
+])
+def test_aip_cancel_wins_done_with_code_1_is_cancelled(
+    aip_server: ToolServer, aip_url: str, delay_s: float, first_outcome: str, confirmed_by: str
+) -> None:
     before = aip_stats(aip_url)["counters"]
-    op = _submit(aip_server, "render", "aip-completion-wins", seconds=0.5, value="won",
-                 cancelLoses=True)
+    op = _submit(aip_server, "render", f"aip-cancel-wins-{delay_s}", seconds=5, value="never",
+                 cancelDelaySeconds=delay_s)
+    assert operation_cancel(operation_id=op.id) == first_outcome
+    if confirmed_by == "poll":
+        row = Operation.objects.get(id=op.id)
+        assert row.state == State.CANCEL_REQUESTED and row.next_poll_at is not None
+        assert TerminalReceipt.objects.filter(operation=op).count() == 0
+    _settle()
+    _assert_cancelled_receipt(op, confirmed_by=confirmed_by)
+    remote = adapter_for_server(server=aip_server).get(remote_id=op.remote_id)
+    assert remote.status == "cancelled" and remote.raw["error"]["code"] == 1
+    assert _aip_counts(aip_url, before) == (1, 1)
+
+
+@pytest.mark.parametrize("when", ["racing", "after_done"])
+def test_aip_completion_wins_the_receipt_stays_completed(
+    aip_server: ToolServer, aip_url: str, when: str
+) -> None:
+    """racing: the fake acks the cancel and the work finishes anyway (cancelLoses);
+    after_done: the operation is done before the cancel is sent (a harmless no-op)."""
+    before = aip_stats(aip_url)["counters"]
+    if when == "racing":
+        op = _submit(aip_server, "render", "aip-completion-racing", seconds=0.5, value="won",
+                     cancelLoses=True)
+    else:
+        op = _submit(aip_server, "render", "aip-completion-after", seconds=0.05, value="won")
+        _wait_remote(aip_server, op.remote_id, {"completed"})  # our poller has not seen it
     outcome = operation_cancel(operation_id=op.id)
-    assert outcome == "cancel_reply_not_cancelled", outcome  # acked, still running
+    assert outcome == "cancel_reply_not_cancelled", outcome  # an ack is never the outcome
+    assert Operation.objects.get(id=op.id).state == State.CANCEL_REQUESTED
     _settle()
     snap = _one_receipt(op)
     assert snap["state"] == State.ACCEPTED
@@ -277,9 +294,9 @@ def test_aip_completion_wins_when_the_cancel_loses(aip_server: ToolServer, aip_u
     assert snap["receipt"]["payload"]["payload"]["value"] == "won"
     kinds = [e["kind"] for e in snap["events"]]
     assert "cancel_lost" in kinds and "cancel_confirmed" not in kinds
-    after = aip_stats(aip_url)["counters"]
-    assert after["created"] - before.get("created", 0) == 1
-    assert after["cancel"] - before.get("cancel", 0) == 1
+    assert kinds.index("result_fetched") < kinds.index("accepted")
+    assert adapter_for_server(server=aip_server).get(remote_id=op.remote_id).status == "completed"
+    assert _aip_counts(aip_url, before) == (1, 1)
 
 
 def test_aip_has_no_input_answer_is_refused_and_no_round_opens(
@@ -297,5 +314,4 @@ def test_aip_has_no_input_answer_is_refused_and_no_round_opens(
     assert InputRequest.objects.filter(operation=op).count() == 0
     kinds = [e["kind"] for e in snap["events"]]
     assert "input_round_opened" not in kinds
-    after = aip_stats(aip_url)["counters"]
-    assert after["created"] - before.get("created", 0) == 1
+    assert _aip_counts(aip_url, before) == (1, 0)  # one operation, no cancel
