@@ -142,11 +142,3 @@ def running_reference_server(
     with running_peer(name="reference MCP server", command=command,
                       url_for=lambda port: f"http://127.0.0.1:{port}/mcp", ready=peer_stats) as url:
         yield url
-
-
-        try:
-            peer_stats(url)
-            return True
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    return False
