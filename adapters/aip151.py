@@ -132,8 +132,9 @@ def _remote_task(data: Any, *, expect_name: str | None) -> RemoteTask:
 
 class Aip151Adapter:
     version = VERSION
+    # no_input: the shape has no input channel; the executor refuses answers up front.
     capabilities: frozenset[str] = frozenset({"cancel", "cancel_ack_only", "inline_result",
-                                              "lookup_by_key", "delete"})
+                                              "lookup_by_key", "delete", "no_input"})
 
     def __init__(
         self,

@@ -114,7 +114,7 @@ class ResendRequest:
 @runtime_checkable
 class TaskAdapter(Protocol):
     version: str
-    capabilities: frozenset[str]  # e.g. {"cancel", "list", "lookup_by_key"}
+    capabilities: frozenset[str]  # e.g. {"cancel", "list", "lookup_by_key", "no_input"}
 
     def negotiate(self) -> Negotiated: ...
 

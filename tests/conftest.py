@@ -10,6 +10,9 @@ from tests.peers.launch import running_reference_server
 from tests.peers.launch_aip import running_aip_server
 from tests.peers.launch_ext import running_ext_server
 
+# ext_server / aip_server rows for the lifecycle matrices (tests/toolops/test_lifecycle_matrix*.py).
+pytest_plugins = ["tests.toolops.conftest_lifecycle"]
+
 
 @pytest.fixture(scope="session")
 def mcp_url() -> Iterator[str]:

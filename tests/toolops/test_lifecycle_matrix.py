@@ -9,7 +9,6 @@ measured at the adapter level in tests/adapters/.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,34 +17,14 @@ from ledger.models import Operation, ToolServer
 from ledger.selectors import operation_snapshot
 from ledger.states import State
 from tests.peers.drop_proxy import dropping_proxy
-from tests.peers.launch_aip import AIP_OPTIONS, aip_faults, aip_reset, aip_stats
+from tests.peers.launch_aip import AIP_OPTIONS, aip_faults, aip_stats
 from tests.peers.launch_ext import ext_peer_stats, running_ext_server
+from tests.toolops.conftest_lifecycle import lifecycle_settle as _settle
+from tests.toolops.conftest_lifecycle import lifecycle_submit as _submit
 from toolops.runner import run_embedded
 from toolops.services.servers import server_add
-from toolops.services.submit import operation_submit
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def ext_server(ext_url: str) -> ToolServer:
-    return server_add(name="ext", url=ext_url, adapter_version="mcp-tasks-ext/2026-07-28")
-
-
-@pytest.fixture
-def aip_server(aip_url: str) -> Iterator[ToolServer]:
-    aip_reset(aip_url)
-    yield server_add(name="aip", url=aip_url, adapter_version="aip-151/v1", options=AIP_OPTIONS)
-    aip_reset(aip_url)
-
-
-def _submit(server: ToolServer, tool: str, node: str, **args: object) -> Operation:
-    return operation_submit(server_name=server.name, tool_name=tool, call_node_id=node,
-                            arguments=dict(args))
-
-
-def _settle() -> None:
-    run_embedded(until_idle=True, max_seconds=30)
 
 
 def _receipt(op: Operation) -> dict[str, object]:

@@ -31,7 +31,7 @@ from ledger.services.events import event_append_locked, operation_record_event
 from ledger.services.transitions import operation_transition
 from ledger.states import State
 from toolops.errors import ToolopsError
-from toolops.services.connections import server_call
+from toolops.services.connections import adapter_for_server, server_call
 from toolops.services.observe import RELEASE, operation_reschedule_after_error
 
 logger = logging.getLogger("toolops.inputs")
@@ -232,6 +232,16 @@ def _record_answer(*, operation_id: uuid.UUID, input_round: int, schema_digest: 
                         redeliver=False)
 
 
+def _refuse_without_input_channel(*, operation_id: uuid.UUID) -> None:
+    """A shape with no input channel (AIP-151) never opens a round: say so, not "no round 1"."""
+    op = Operation.objects.select_related("server").filter(id=operation_id).first()
+    if op is not None and "no_input" in adapter_for_server(server=op.server).capabilities:
+        raise InputAnswerRefused(
+            f"operation {operation_id} runs on {op.server.adapter_version}, whose operations take "
+            f"no input; there is no input round to answer"
+        )
+
+
 def operation_answer_input(*, operation_id: uuid.UUID, input_round: int, schema_digest: str,
                            response: Any, answered_by_id: int | None = None) -> str:
     """Record and deliver the answer to one input round; polling resumes when none stays open.
@@ -240,6 +250,7 @@ def operation_answer_input(*, operation_id: uuid.UUID, input_round: int, schema_
     digest, a passed deadline, an answered round or an answer that does not fit the schema.
     """
     try:
+        _refuse_without_input_channel(operation_id=operation_id)
         checked = _record_answer(operation_id=operation_id, input_round=input_round,
                                  schema_digest=schema_digest, response=response,
                                  answered_by_id=answered_by_id)
