@@ -114,9 +114,16 @@ class RedisTokenBucket:
         self._redis: Any = redis.Redis.from_url(url)
         # Close the pool while the interpreter is still whole: redis-py's __del__ at shutdown
         # runs after `os` is torn down and prints a spurious traceback.
-        atexit.register(self._redis.close)
+        atexit.register(self._shutdown)
         self._script: Any = self._redis.register_script(_TAKE_SCRIPT)
         self._prefix = prefix
+
+    def _shutdown(self) -> None:
+        # Drop every reference (the script holds the client too) so the client is collected now,
+        # not by its __del__ during interpreter teardown.
+        self._redis.close()
+        self._script = None
+        self._redis = None
 
     def _keys(self, key: str) -> list[str]:
         base = f"{self._prefix}:{key}"
