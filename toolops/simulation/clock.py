@@ -28,6 +28,7 @@ from toolops.simulation.server import EPOCH
 # Modules whose `time` global is replaced (each reads time.time, time.monotonic or time.sleep).
 TIME_USERS = ("toolops.qps", "toolops.services.connections", "toolops.services.submit",
               "adapters.mcp_tasks_2025", "adapters.jsonrpc")
+SLEEP_OVERSHOOT_S = 1e-6
 RNG_USERS = ("toolops.scheduling", "toolops.services.connections")
 
 
@@ -56,7 +57,9 @@ def _fake_time(clock: VirtualClock) -> Any:
     return SimpleNamespace(
         time=lambda: EPOCH.timestamp() + clock.now_s(),
         monotonic=lambda: clock.now_s(),
-        sleep=lambda s: clock.advance(float(s)),
+        # A real sleep always overshoots a little; an exact one would wake the token bucket a
+        # float rounding short of its next token (0.999... < 1) and be refused again.
+        sleep=lambda s: clock.advance(float(s) + SLEEP_OVERSHOOT_S),
         perf_counter=_real_time.perf_counter,
     )
 

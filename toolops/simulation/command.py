@@ -12,10 +12,10 @@ from toolops.simulation.runner import result_summary, simulate
 MAX_FAILURES_SHOWN = 20
 
 
-def simulate_command(*, series: int, seed: int, only: int | None, as_json: bool,
+def simulate_command(*, series: int, seed: int, only: int | None, workers: int, as_json: bool,
                      out: Any, err: Any) -> int:
     started = time.perf_counter()
-    result = simulate(series=series, seed=seed, only=only)
+    result = simulate(series=series, seed=seed, only=only, workers=workers)
     elapsed = round(time.perf_counter() - started, 1)
     summary = {**result_summary(result), "run_seconds": elapsed}
     failing = sorted(result.failing.items())[:MAX_FAILURES_SHOWN]

@@ -16,10 +16,13 @@ from __future__ import annotations
 import hashlib
 import heapq
 import math
+import queue
+import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from django import db
 from django.utils import timezone
 
 from adapters.mcp_tasks_2025 import McpTasks2025Adapter
@@ -45,14 +48,16 @@ from toolops.simulation.server import EPOCH, TOOL, SimServer, SimTransport
 # (about 12), so 1.2 series/s per server asks ~15 requests/s of a 20 QPS cap: loaded, not
 # saturated, so every series ends and the cap is exercised by the bursts.
 SERVER_QPS = 20.0
-POLL_INTERVAL_MS = 2000
+POLL_INTERVAL_MS = 3000
 ARRIVAL_PER_SERVER_S = 1.2
 SERIES_PER_SERVER = 1250
 # Periodic sweeps (answers, re-submits, expiry) run once per virtual second.
 SWEEP_S = 1.0
 # A run that has not settled this long after its last start is stuck: stop and report.
-SETTLE_LIMIT_S = 4 * 3600.0
-MIN_STEP_S = 0.001
+SETTLE_LIMIT_S = 5400.0  # beyond the input deadline (1 h) and the UNKNOWN deadline (15 min)
+# The clock moves at least this far per tick, so rows due within one window are claimed and
+# polled together (in parallel with --workers); a real dispatcher's tick is coarser still.
+MIN_STEP_S = 0.1
 # An operator retries an undelivered answer this many times (once per sweep) before giving up.
 ANSWER_RETRIES = 30
 NOT_SETTLING = frozenset(OPEN - {State.RECONCILIATION_REQUIRED})
@@ -86,13 +91,52 @@ class SimResult:
                 f"--only {index}")
 
 
+class _Pool:
+    """Worker threads for one tick's claimed rows (each thread has its own DB connection).
+
+    With more than one worker, rows polled in the same tick run concurrently, as in a fleet: the
+    order inside a tick is then the scheduler's, not the seed's, so a full run is reproducible in
+    its plans and verdicts but not call for call; `--only` (one series) is always sequential.
+    """
+
+    def __init__(self, *, workers: int, fn: Any) -> None:
+        self.fn = fn
+        self.jobs: queue.Queue[uuid.UUID | None] = queue.Queue()
+        self.threads = [threading.Thread(target=self._work, daemon=True, name=f"sim-worker-{n}")
+                        for n in range(workers)]
+        for t in self.threads:
+            t.start()
+
+    def _work(self) -> None:
+        try:
+            while (op_id := self.jobs.get()) is not None:
+                try:
+                    self.fn(op_id)
+                finally:
+                    self.jobs.task_done()
+            self.jobs.task_done()
+        finally:
+            db.connection.close()
+
+    def run(self, ids: list[uuid.UUID]) -> None:
+        for op_id in ids:
+            self.jobs.put(op_id)
+        self.jobs.join()
+
+    def close(self) -> None:
+        for _ in self.threads:
+            self.jobs.put(None)
+        for t in self.threads:
+            t.join()
+
+
 def _key(tag: str, index: int, attempt: int) -> str:
     return hashlib.sha256(f"{tag}:{index}:{attempt}".encode()).hexdigest()[:40]
 
 
 class _Run:
     def __init__(self, *, series: int, seed: int, only: int | None,
-                 lie_about_series: frozenset[int]) -> None:
+                 lie_about_series: frozenset[int], workers: int) -> None:
         self.series, self.seed, self.only = series, seed, only
         self.clock = VirtualClock()
         n_servers = max(1, math.ceil(series / SERIES_PER_SERVER))
@@ -111,6 +155,7 @@ class _Run:
         self.answer_errors: dict[int, int] = {}
         self.polls = 0
         self.servers: list[ToolServer] = []
+        self.pool: _Pool | None = _Pool(workers=workers, fn=self.poll_one) if workers > 1 else None
         self.transports: dict[int, SimTransport] = {}
 
     # -- setup ---------------------------------------------------------------------------
@@ -204,16 +249,23 @@ class _Run:
                 self.submit(self.plans[index])  # proven never created: a new attempt, a new key
         return next_answer
 
+    def poll_one(self, op_id: uuid.UUID) -> None:
+        try:
+            operation_poll(operation_id=op_id, lease_owner="sim-dispatcher")
+        except Exception as exc:  # a crash is a finding: record it on the series, go on
+            index = self.op_index.get(op_id)
+            if index is not None:
+                self.outcomes[index].errors.append(f"poll crashed: {type(exc).__name__}: {exc}")
+
     def dispatch(self) -> int:
-        ids = operations_claim_due(owner="sim-dispatcher")
-        for op_id in sorted(ids, key=lambda i: self.op_index.get(i, -1)):
-            try:
-                operation_poll(operation_id=op_id, lease_owner="sim-dispatcher")
-            except Exception as exc:  # a crash is a finding: record it on the series, go on
-                index = self.op_index.get(op_id)
-                if index is not None:
-                    self.outcomes[index].errors.append(f"poll crashed: {type(exc).__name__}: {exc}")
-            self.polls += 1
+        ids = sorted(operations_claim_due(owner="sim-dispatcher"),
+                     key=lambda i: self.op_index.get(i, -1))
+        if self.pool is None or len(ids) < 2:
+            for op_id in ids:
+                self.poll_one(op_id)
+        else:
+            self.pool.run(ids)
+        self.polls += len(ids)
         return len(ids)
 
     def open_rows(self) -> int:
@@ -300,11 +352,12 @@ class _Run:
 
 
 def simulate(*, series: int, seed: int, only: int | None = None,
-             lie_about_series: frozenset[int] = frozenset()) -> SimResult:
+             lie_about_series: frozenset[int] = frozenset(), workers: int = 1) -> SimResult:
     """Run the simulation in the configured database and return its verdict with the gate."""
     if only is not None and not 0 <= only < series:
         raise ToolopsError(f"--only must be within 0..{series - 1}")
-    run = _Run(series=series, seed=seed, only=only, lie_about_series=lie_about_series)
+    run = _Run(series=series, seed=seed, only=only, lie_about_series=lie_about_series,
+               workers=1 if only is not None else workers)
     qps_bucket_replace(LocalTokenBucket())  # the embedded bucket, on the virtual clock below
     try:
         with virtual_time(run.clock, seed=seed):
@@ -316,6 +369,8 @@ def simulate(*, series: int, seed: int, only: int | None = None,
             gate = gate_report(server_names=[s.name for s in run.servers], ground_truth=truth,
                                peer_counts=counts)
     finally:
+        if run.pool is not None:
+            run.pool.close()
         connections_use_transport(None)
         adapters_close_all()
         qps_bucket_replace(None)

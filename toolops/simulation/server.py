@@ -80,6 +80,7 @@ class SimServer:
         self.unsent_dropped: set[int] = set()
         self.plans: dict[str, SeriesPlan] = {}  # submission key -> plan, set by the runner
         self.requests_per_second: dict[int, int] = defaultdict(int)
+        self.methods_per_second: dict[int, list[str]] = defaultdict(list)
         self.lock = threading.Lock()
         self._seq = 0
         # Test hook: keys whose ground truth this server misreports (a lying server).
@@ -139,8 +140,10 @@ class SimServer:
         with self.lock:
             self.requests_per_second[int(now)] += 1
             if request.url.path == "/_sim/keys":
+                self.methods_per_second[int(now)].append("lookup")
                 return self._lookup(json.loads(request.content))
             body = json.loads(request.content)
+            self.methods_per_second[int(now)].append(str(body.get("method", "response")))
             if "method" not in body:
                 return self._input_answer(body)
             method, params, rid = body["method"], body.get("params") or {}, body.get("id")

@@ -104,6 +104,7 @@ class Command(BaseCommand):
         p.add_argument("--series", type=int, default=500)
         p.add_argument("--seed", type=int, default=20261129)
         p.add_argument("--only", type=int, default=None, help="replay one series index alone")
+        p.add_argument("--workers", type=int, default=4, help="poll threads per tick (1: sequential)")
         p.add_argument("--json", action="store_true")
 
         p = sub.add_parser("rollback", help="move new calls and in-flight rows to one executor path")
@@ -270,7 +271,8 @@ class Command(BaseCommand):
         from toolops.simulation.command import simulate_command
 
         sys.exit(simulate_command(series=opts["series"], seed=opts["seed"], only=opts["only"],
-                                  as_json=opts["json"], out=self.stdout, err=self.stderr))
+                                  workers=opts["workers"], as_json=opts["json"], out=self.stdout,
+                                  err=self.stderr))
 
     def _rollback(self, opts: dict[str, Any]) -> None:
         import getpass
