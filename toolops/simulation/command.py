@@ -12,14 +12,16 @@ from toolops.simulation.runner import result_summary, simulate
 MAX_FAILURES_SHOWN = 20
 
 
-def simulate_command(*, series: int, seed: int, only: int | None, workers: int, as_json: bool,
-                     out: Any, err: Any) -> int:
+def simulate_command(*, series: int, seed: int, only: int | None, workers: int,
+                     lie_about: frozenset[int], as_json: bool, out: Any, err: Any) -> int:
     started = time.perf_counter()
-    result = simulate(series=series, seed=seed, only=only, workers=workers)
+    result = simulate(series=series, seed=seed, only=only, workers=workers,
+                      lie_about_series=lie_about)
     elapsed = round(time.perf_counter() - started, 1)
     summary = {**result_summary(result), "run_seconds": elapsed}
     failing = sorted(result.failing.items())[:MAX_FAILURES_SHOWN]
-    replays = [{"series": i, "problems": p[:5], "replay": result.replay_command(i)} for i, p in failing]
+    replays: list[dict[str, Any]] = [
+        {"series": i, "problems": p[:5], "replay": result.replay_command(i)} for i, p in failing]
     if as_json:
         out.write(gate_render_json(result.gate, simulation=summary, failing=replays))
     else:

@@ -68,7 +68,8 @@ def series_plan(*, seed: int, index: int, arrival_per_s: float) -> SeriesPlan:
             cancel_at = rng.uniform(0.5, work * 1.3)
         ack_lost = rng.random() < P_CANCEL_ACK_LOST
     r = rng.random()
-    result_fault = "lost" if r < P_RESULT_LOST else ("truncated" if r < P_RESULT_LOST + P_RESULT_TRUNCATED else "")
+    result_fault = "lost" if r < P_RESULT_LOST else (
+        "truncated" if r < P_RESULT_LOST + P_RESULT_TRUNCATED else "")
     return SeriesPlan(
         index=index, start_s=index / arrival_per_s + rng.uniform(0.0, 1.0), work_s=work,
         outcome="failed" if rng.random() < P_FAILED else "completed", lost_create=lost,

@@ -81,6 +81,7 @@ class SimServer:
         self.plans: dict[str, SeriesPlan] = {}  # submission key -> plan, set by the runner
         self.requests_per_second: dict[int, int] = defaultdict(int)
         self.methods_per_second: dict[int, list[str]] = defaultdict(list)
+        self.polls_per_second: dict[int, int] = defaultdict(int)
         self.lock = threading.Lock()
         self._seq = 0
         # Test hook: keys whose ground truth this server misreports (a lying server).
@@ -144,6 +145,8 @@ class SimServer:
                 return self._lookup(json.loads(request.content))
             body = json.loads(request.content)
             self.methods_per_second[int(now)].append(str(body.get("method", "response")))
+            if body.get("method") == "tasks/get":
+                self.polls_per_second[int(now)] += 1
             if "method" not in body:
                 return self._input_answer(body)
             method, params, rid = body["method"], body.get("params") or {}, body.get("id")
@@ -286,7 +289,8 @@ def _ok(rid: Any, result: dict[str, Any], headers: dict[str, str] | None = None)
 
 
 def _error(rid: Any, code: int, message: str) -> httpx.Response:
-    return httpx.Response(200, json={"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}})
+    error = {"code": code, "message": message}
+    return httpx.Response(200, json={"jsonrpc": "2.0", "id": rid, "error": error})
 
 
 def _sse(messages: list[dict[str, Any]]) -> bytes:

@@ -105,6 +105,8 @@ class Command(BaseCommand):
         p.add_argument("--seed", type=int, default=20261129)
         p.add_argument("--only", type=int, default=None, help="replay one series index alone")
         p.add_argument("--workers", type=int, default=4, help="poll threads per tick (1: sequential)")
+        p.add_argument("--inject-lie", type=int, action="append", default=[],
+                       help="test hook: the server misreports this series' ground truth")
         p.add_argument("--json", action="store_true")
 
         p = sub.add_parser("rollback", help="move new calls and in-flight rows to one executor path")
@@ -271,7 +273,8 @@ class Command(BaseCommand):
         from toolops.simulation.command import simulate_command
 
         sys.exit(simulate_command(series=opts["series"], seed=opts["seed"], only=opts["only"],
-                                  workers=opts["workers"], as_json=opts["json"], out=self.stdout,
+                                  workers=opts["workers"], lie_about=frozenset(opts["inject_lie"]),
+                                  as_json=opts["json"], out=self.stdout,
                                   err=self.stderr))
 
     def _rollback(self, opts: dict[str, Any]) -> None:
