@@ -169,3 +169,20 @@ def test_command_exit_codes_and_json() -> None:
         call_command("toolops", "gate", stdout=out, stderr=err)
     assert exited.value.code == 1
     assert "FAIL" in out.getvalue() and "outbox_traceable_share" in err.getvalue()
+
+
+def test_sync_replies_and_operator_attestations_count_as_observations() -> None:
+    sync = OperationFactory(execution_mode="sync", remote_id="")
+    _event(sync, 1, "sync_result", src=State.SUBMITTING, dst=State.TERMINAL_OBSERVED,
+           data={"kind": "error", "is_error": True})
+    _accepted(sync, status="failed", seen=None)
+    attested = OperationFactory()
+    _event(attested, 1, "reconciliation_resolved", src=State.RECONCILIATION_REQUIRED,
+           dst=State.TERMINAL_OBSERVED, data={"terminal_status": "completed"})
+    _accepted(attested, status="completed", seen=None)
+    assert gate_report().figure("terminal_divergence").passed
+    lying = OperationFactory(execution_mode="sync", remote_id="")
+    _event(lying, 1, "sync_result", src=State.SUBMITTING, dst=State.TERMINAL_OBSERVED,
+           data={"kind": "result", "is_error": False})
+    _accepted(lying, status="failed", seen=None)
+    assert gate_report().figure("terminal_divergence").value == 1

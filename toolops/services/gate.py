@@ -132,29 +132,52 @@ def _divergence(*, ops: Any, ground_truth: Mapping[str, str] | None) -> GateFigu
                                   "unsettled": len(unsettled), "unsettled_sample": unsettled[:10]}
         value = len(diverged) + len(unsettled)
     else:
-        # Last terminal server status per operation, seen before (or with) the accepted event.
+        # Last terminal status the server (or an operator, with evidence) reported per operation,
+        # seen before (or with) the accepted event. Where it comes from:
+        # - an event whose row server_state is terminal (terminal_observed, cancel_confirmed, ...);
+        # - `sync_result`: a synchronous reply carries its outcome (an error reply = failed);
+        # - `reconciliation_resolved` with a terminal_status: an operator accepted what they saw.
+        # A result refused by output defense (`output_rejected`) is a local verdict over the
+        # server's, by policy: counted apart, not as divergence.
         accepted_seq = dict(OperationEvent.objects.filter(operation__in=ops, kind="accepted")
                             .values_list("operation_id", "seq"))
         last_seen: dict[Any, tuple[int, str]] = {}
-        observed = OperationEvent.objects.filter(
-            operation__in=ops, server_state__in=TERMINAL).values_list(
-            "operation_id", "seq", "server_state")
-        for op_id, seq, server_state in observed.iterator(chunk_size=5000):
+        rejected: set[Any] = set()
+        observed = OperationEvent.objects.filter(operation__in=ops).filter(
+            Q(server_state__in=TERMINAL) | Q(kind__in=("sync_result", "reconciliation_resolved",
+                                                       "output_rejected"))
+        ).values_list("operation_id", "seq", "kind", "server_state", "data")
+        for op_id, seq, kind, server_state, data in observed.iterator(chunk_size=5000):
             limit = accepted_seq.get(op_id)
             if limit is not None and seq > limit:
                 continue  # after acceptance: a late effect, recorded separately
+            if kind == "output_rejected":
+                rejected.add(op_id)
+                continue
+            if kind == "sync_result":
+                status = "failed" if (data or {}).get("kind") == "error" else "completed"
+            elif kind == "reconciliation_resolved" and (data or {}).get("terminal_status") in TERMINAL:
+                status = data["terminal_status"]
+            elif server_state in TERMINAL:
+                status = server_state
+            else:
+                continue
             if op_id not in last_seen or seq > last_seen[op_id][0]:
-                last_seen[op_id] = (seq, server_state)
-        confirmed_cancels = 0
+                last_seen[op_id] = (seq, status)
+        confirmed_cancels = output_rejected = 0
         for op_id, key, status, state in receipts.iterator(chunk_size=2000):
             if status == TerminalStatus.CANCELLED and state == State.CANCELLED_ACCEPTED:
                 confirmed_cancels += 1
                 continue
             seen_status = last_seen.get(op_id, (0, None))[1]
+            if seen_status != status and op_id in rejected:
+                output_rejected += 1
+                continue
             if seen_status != status:
                 diverged.append({"operation_id": str(op_id), "submission_key": key,
                                  "receipt": status, "last_server_status": seen_status})
-        detail = {"source": "ledger_events", "confirmed_cancels_exempt": confirmed_cancels}
+        detail = {"source": "ledger_events", "confirmed_cancels_exempt": confirmed_cancels,
+                  "output_rejected_exempt": output_rejected}
         value = len(diverged)
     detail["diverged"] = len(diverged)
     detail["sample"] = diverged[:10]
