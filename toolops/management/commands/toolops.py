@@ -96,6 +96,19 @@ class Command(BaseCommand):
         p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
         p.add_argument("--server", action="append", default=None, help="limit to these servers")
 
+        p = sub.add_parser("gate", help="the release gate: six figures, exit 1 on any failure")
+        p.add_argument("--json", action="store_true")
+        p.add_argument("--server", action="append", default=None, help="limit to these servers")
+
+        p = sub.add_parser("simulate", help="seeded simulation over in-process servers, then the gate")
+        p.add_argument("--series", type=int, default=500)
+        p.add_argument("--seed", type=int, default=20261129)
+        p.add_argument("--only", type=int, default=None, help="replay one series index alone")
+        p.add_argument("--workers", type=int, default=4, help="poll threads per tick (1: sequential)")
+        p.add_argument("--inject-lie", type=int, action="append", default=[],
+                       help="test hook: the server misreports this series' ground truth")
+        p.add_argument("--json", action="store_true")
+
         p = sub.add_parser("rollback", help="move new calls and in-flight rows to one executor path")
         p.add_argument("--to", dest="to_path", required=True, choices=["legacy", "tasks"])
         p.add_argument("--reason", required=True)
@@ -245,6 +258,24 @@ class Command(BaseCommand):
         self.stdout.write("  ".join(columns))
         for row in figures:
             self.stdout.write("  ".join(str(row[c]) for c in columns))
+
+    def _gate(self, opts: dict[str, Any]) -> None:
+        from toolops.gate_render import gate_render_json, gate_render_text, gate_summary
+        from toolops.services.gate import gate_report
+
+        report = gate_report(server_names=opts["server"])
+        self.stdout.write(gate_render_json(report) if opts["json"] else gate_render_text(report))
+        if not report.passed:
+            self.stderr.write(gate_summary(report))
+            sys.exit(1)
+
+    def _simulate(self, opts: dict[str, Any]) -> None:
+        from toolops.simulation.command import simulate_command
+
+        sys.exit(simulate_command(series=opts["series"], seed=opts["seed"], only=opts["only"],
+                                  workers=opts["workers"], lie_about=frozenset(opts["inject_lie"]),
+                                  as_json=opts["json"], out=self.stdout,
+                                  err=self.stderr))
 
     def _rollback(self, opts: dict[str, Any]) -> None:
         import getpass

@@ -1,0 +1,86 @@
+"""The virtual clock: one float of seconds since the simulation epoch, driven by the runner.
+
+`virtual_time` patches, for the run only, `django.utils.timezone.now` (every ledger timestamp,
+lease, deadline and poll schedule, auto_now fields included) and the `time` module as seen by the
+modules that read it for waiting or rate (the QPS bucket, the in-place token wait, the submit
+retry wait, the adapters' stream deadlines). A `sleep` advances the virtual clock instead of the
+wall: the run is single-threaded apart from the adapter's input-stream reader, so a sleep means
+"this caller waits", and nothing else can happen meanwhile. The jitter RNGs of scheduling and
+the QPS spread are replaced by seeded ones so a run is a function of its seed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import random
+import threading
+import time as _real_time
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+from django.utils import timezone
+
+from toolops.simulation.server import EPOCH
+
+# Modules whose `time` global is replaced (each reads time.time, time.monotonic or time.sleep).
+TIME_USERS = ("toolops.qps", "toolops.services.connections", "toolops.services.submit",
+              "adapters.mcp_tasks_2025", "adapters.jsonrpc")
+SLEEP_OVERSHOOT_S = 1e-6
+RNG_USERS = ("toolops.scheduling", "toolops.services.connections")
+
+
+class VirtualClock:
+    def __init__(self, *, start_s: float = 0.0) -> None:
+        self._t = start_s
+        self._lock = threading.Lock()
+
+    def now_s(self) -> float:
+        with self._lock:
+            return self._t
+
+    def set(self, t: float) -> None:
+        with self._lock:
+            self._t = max(self._t, t)  # time never goes back
+
+    def advance(self, dt: float) -> None:
+        with self._lock:
+            self._t += max(dt, 0.0)
+
+    def now(self) -> datetime:
+        return EPOCH + timedelta(seconds=self.now_s())
+
+
+def _fake_time(clock: VirtualClock) -> Any:
+    return SimpleNamespace(
+        time=lambda: EPOCH.timestamp() + clock.now_s(),
+        monotonic=lambda: clock.now_s(),
+        # A real sleep always overshoots a little; an exact one would wake the token bucket a
+        # float rounding short of its next token (0.999... < 1) and be refused again.
+        sleep=lambda s: clock.advance(float(s) + SLEEP_OVERSHOOT_S),
+        perf_counter=_real_time.perf_counter,
+    )
+
+
+@contextlib.contextmanager
+def virtual_time(clock: VirtualClock, *, seed: int) -> Iterator[None]:
+    saved: list[tuple[Any, str, Any]] = [(timezone, "now", timezone.now)]
+    fake = _fake_time(clock)
+    for name in TIME_USERS:
+        module = importlib.import_module(name)
+        saved.append((module, "time", module.time))
+    for name in RNG_USERS:
+        module = importlib.import_module(name)
+        saved.append((module, "_rng", module._rng))
+    try:
+        timezone.now = clock.now  # type: ignore[assignment]
+        for name in TIME_USERS:
+            importlib.import_module(name).time = fake  # type: ignore[attr-defined]
+        for offset, name in enumerate(RNG_USERS):
+            importlib.import_module(name)._rng = random.Random(f"{seed}:rng:{offset}")  # type: ignore[attr-defined]
+        yield
+    finally:
+        for obj, attr, value in saved:
+            setattr(obj, attr, value)

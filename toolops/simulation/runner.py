@@ -1,0 +1,399 @@
+"""The simulation runner: N seeded series through the real services on a virtual clock.
+
+Single-threaded on purpose: the order of every call is a function of the seed, so a failing
+series replays alone (`--only I`). Concurrency between a series' own actors (the dispatcher's
+poll, the caller's cancel, the operator's answer) is interleaved in virtual time, at the same
+virtual instant where the plan says so (a cancel sent the second the work completes), which is
+what the guards in SQL must order; thread-level races are the fault-injection tests' business.
+
+Each tick: start due series (operation_submit), fire due cancels (operation_cancel), answer due
+input rounds (operation_answer_input), re-submit call nodes proven never created, claim and poll
+due rows (operations_claim_due + operation_poll), then jump the clock to the next thing due.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import math
+import queue
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from django import db
+from django.utils import timezone
+
+from adapters.mcp_tasks_2025 import McpTasks2025Adapter
+from ledger.errors import LedgerError
+from ledger.models import InputRequest, Operation, ToolServer
+from ledger.states import OPEN, State
+from toolops.errors import ToolopsError
+from toolops.qps import LocalTokenBucket, qps_bucket_replace
+from toolops.services.cancel import operation_cancel
+from toolops.services.connections import adapters_close_all, connections_use_transport
+from toolops.services.dispatch import operations_claim_due, operations_next_due_at
+from toolops.services.gate import GateReport, gate_report
+from toolops.services.inputs import input_rounds_expire_due, operation_answer_input
+from toolops.services.observe import operation_poll
+from toolops.services.servers import _tools_table
+from toolops.services.submit import operation_submit
+from toolops.simulation.clock import VirtualClock, virtual_time
+from toolops.simulation.plan import SeriesPlan, series_plan
+from toolops.simulation.server import EPOCH, TOOL, SimServer, SimTransport
+
+# Load shape: series arrive at ARRIVAL_PER_SERVER_S per server, each server capped at SERVER_QPS
+# and asking for POLL_INTERVAL_MS between polls. A series costs ~work/interval + 3 requests
+# (about 12), so 1.2 series/s per server asks ~15 requests/s of a 20 QPS cap: loaded, not
+# saturated, so every series ends and the cap is exercised by the bursts.
+SERVER_QPS = 20.0
+POLL_INTERVAL_MS = 3000
+ARRIVAL_PER_SERVER_S = 1.2
+SERIES_PER_SERVER = 1250
+# Periodic sweeps (answers, re-submits, expiry) run once per virtual second.
+SWEEP_S = 1.0
+# A run that has not settled this long after its last start is stuck: stop and report.
+SETTLE_LIMIT_S = 5400.0  # beyond the input deadline (1 h) and the UNKNOWN deadline (15 min)
+# The clock moves at least this far per tick, so rows due within one window are claimed and
+# polled together (in parallel with --workers); a real dispatcher's tick is coarser still.
+MIN_STEP_S = 0.1
+# An operator retries an undelivered answer this many times (once per sweep) before giving up.
+ANSWER_RETRIES = 30
+NOT_SETTLING = frozenset(OPEN - {State.RECONCILIATION_REQUIRED})
+
+
+@dataclass
+class SeriesOutcome:
+    index: int
+    keys: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SimResult:
+    seed: int
+    series: int
+    only: int | None
+    virtual_seconds: float
+    gate: GateReport
+    server_peak_over_qps: float
+    server_peak_requests_over_qps: float
+    failing: dict[int, list[str]]
+    fault_counts: dict[str, int]
+    polls: int
+
+    @property
+    def passed(self) -> bool:
+        return self.gate.passed and not self.failing and self.server_peak_over_qps <= 1.0
+
+    def replay_command(self, index: int) -> str:
+        return (f"python manage.py toolops simulate --series {self.series} --seed {self.seed} "
+                f"--only {index}")
+
+
+class _Pool:
+    """Worker threads for one tick's claimed rows (each thread has its own DB connection).
+
+    With more than one worker, rows polled in the same tick run concurrently, as in a fleet: the
+    order inside a tick is then the scheduler's, not the seed's, so a full run is reproducible in
+    its plans and verdicts but not call for call; `--only` (one series) is always sequential.
+    """
+
+    def __init__(self, *, workers: int, fn: Any) -> None:
+        self.fn = fn
+        self.jobs: queue.Queue[uuid.UUID | None] = queue.Queue()
+        self.threads = [threading.Thread(target=self._work, daemon=True, name=f"sim-worker-{n}")
+                        for n in range(workers)]
+        for t in self.threads:
+            t.start()
+
+    def _work(self) -> None:
+        try:
+            while (op_id := self.jobs.get()) is not None:
+                try:
+                    self.fn(op_id)
+                finally:
+                    self.jobs.task_done()
+            self.jobs.task_done()
+        finally:
+            db.connection.close()
+
+    def run(self, ids: list[uuid.UUID]) -> None:
+        for op_id in ids:
+            self.jobs.put(op_id)
+        self.jobs.join()
+
+    def close(self) -> None:
+        for _ in self.threads:
+            self.jobs.put(None)
+        for t in self.threads:
+            t.join()
+
+
+def _key(tag: str, index: int, attempt: int) -> str:
+    return hashlib.sha256(f"{tag}:{index}:{attempt}".encode()).hexdigest()[:40]
+
+
+class _Run:
+    def __init__(self, *, series: int, seed: int, only: int | None,
+                 lie_about_series: frozenset[int], workers: int) -> None:
+        self.series, self.seed, self.only = series, seed, only
+        self.clock = VirtualClock()
+        n_servers = max(1, math.ceil(series / SERIES_PER_SERVER))
+        self.tag = f"sim{seed}r{ToolServer.objects.filter(name__startswith=f'sim{seed}r').count()}"
+        self.lie_about_series = lie_about_series
+        self.sims = [SimServer(name=f"{self.tag}-s{k}", clock=self.clock.now_s,
+                               poll_interval_ms=POLL_INTERVAL_MS) for k in range(n_servers)]
+        arrival = ARRIVAL_PER_SERVER_S * n_servers
+        indexes = [only] if only is not None else list(range(series))
+        self.plans = {i: series_plan(seed=seed, index=i, arrival_per_s=arrival) for i in indexes}
+        self.outcomes = {i: SeriesOutcome(index=i) for i in indexes}
+        self.op_index: dict[uuid.UUID, int] = {}
+        self.current: dict[int, uuid.UUID] = {}
+        self.attempts: dict[int, int] = {}
+        self.answered: set[int] = set()
+        self.answer_errors: dict[int, int] = {}
+        self.polls = 0
+        self.servers: list[ToolServer] = []
+        self.pool: _Pool | None = _Pool(workers=workers, fn=self.poll_one) if workers > 1 else None
+        self.transports: dict[int, SimTransport] = {}
+
+    # -- setup ---------------------------------------------------------------------------
+
+    def register_servers(self) -> None:
+        for sim in self.sims:
+            url = f"http://{sim.name}.sim.invalid/mcp"
+            transport = SimTransport(sim)
+            with McpTasks2025Adapter(url=url, transport=transport) as adapter:
+                negotiated = adapter.negotiate()
+                tools = adapter.list_tools()
+            server = ToolServer.objects.create(
+                name=sim.name, url=url, adapter_version=McpTasks2025Adapter.version,
+                protocol_version=negotiated.protocol_version, capabilities=negotiated.capabilities,
+                server_info=negotiated.server_info, session_id=negotiated.session_id or "",
+                tools=_tools_table(tools), max_qps=SERVER_QPS, negotiated_at=timezone.now())
+            self.servers.append(server)
+            self.transports[server.pk] = transport
+
+    def sim_for(self, index: int) -> SimServer:
+        return self.sims[index % len(self.sims)]
+
+    # -- actors --------------------------------------------------------------------------
+
+    def submit(self, plan: SeriesPlan) -> None:
+        attempt = self.attempts.get(plan.index, 0) + 1
+        self.attempts[plan.index] = attempt
+        key = _key(self.tag, plan.index, attempt)
+        sim = self.sim_for(plan.index)
+        sim.plans[key] = plan
+        if plan.index in self.lie_about_series:
+            sim.lie_about = sim.lie_about | {key}
+        self.outcomes[plan.index].keys.append(key)
+        try:
+            op = operation_submit(server_name=sim.name, tool_name=TOOL,
+                                  call_node_id=f"{self.tag}-{plan.index}",
+                                  arguments={"series": plan.index}, ttl_ms=3_600_000,
+                                  submission_key=key)
+            op_id = op.id
+        except (ToolopsError, LedgerError) as exc:
+            # The row may still exist (committed before the send): the dispatcher owns it now.
+            self.outcomes[plan.index].errors.append(f"submit: {exc}")
+            found = Operation.objects.filter(submission_key=key).values_list("id", flat=True).first()
+            if found is None:
+                return
+            op_id = found
+        self.op_index[op_id] = plan.index
+        self.current[plan.index] = op_id
+
+    def cancel(self, index: int) -> None:
+        op_id = self.current.get(index)
+        if op_id is None:
+            return
+        try:
+            operation_cancel(operation_id=op_id)
+        except (ToolopsError, LedgerError):
+            pass  # refused (already terminal, or not cancellable): recorded by the service
+
+    def sweep(self, now_s: float) -> float | None:
+        """Answers, re-submits and expiry; returns when the next answer falls due."""
+        input_rounds_expire_due()
+        server_ids = [s.pk for s in self.servers]
+        next_answer: float | None = None
+        rounds = InputRequest.objects.filter(status=InputRequest.Status.OPEN,
+                                             operation__server_id__in=server_ids).values_list(
+            "id", "operation_id", "round", "schema_digest", "created_at")
+        for ir_id, op_id, rnd, digest, created in sorted(rounds, key=lambda r: r[0]):
+            index = self.op_index.get(op_id)
+            if index is None or ir_id in self.answered:
+                continue
+            due = (created - EPOCH).total_seconds() + self.plans[index].answer_delay_s
+            if due > now_s:
+                next_answer = due if next_answer is None else min(next_answer, due)
+                continue
+            try:
+                operation_answer_input(operation_id=op_id, input_round=rnd, schema_digest=digest,
+                                       response={"ok": True})
+                self.answered.add(ir_id)
+            except (ToolopsError, LedgerError) as exc:
+                # "recorded but not delivered" (no QPS token, server busy): the operator's way is
+                # to answer again with the same JSON, which is what the next sweep does.
+                self.answer_errors[ir_id] = self.answer_errors.get(ir_id, 0) + 1
+                if self.answer_errors[ir_id] >= ANSWER_RETRIES:
+                    self.answered.add(ir_id)
+                    self.outcomes[index].errors.append(f"answer round {rnd}: {exc}")
+        never = Operation.objects.filter(server_id__in=server_ids, state=State.NOT_FOUND_SAFE,
+                                         id__in=list(self.current.values())).values_list("id", flat=True)
+        for op_id in sorted(never, key=lambda i: self.op_index[i]):
+            index = self.op_index[op_id]
+            if self.attempts.get(index, 0) < 3:
+                self.submit(self.plans[index])  # proven never created: a new attempt, a new key
+        return next_answer
+
+    def poll_one(self, op_id: uuid.UUID) -> None:
+        try:
+            operation_poll(operation_id=op_id, lease_owner="sim-dispatcher")
+        except Exception as exc:  # a crash is a finding: record it on the series, go on
+            index = self.op_index.get(op_id)
+            if index is not None:
+                self.outcomes[index].errors.append(f"poll crashed: {type(exc).__name__}: {exc}")
+
+    def dispatch(self) -> int:
+        ids = sorted(operations_claim_due(owner="sim-dispatcher"),
+                     key=lambda i: self.op_index.get(i, -1))
+        if self.pool is None or len(ids) < 2:
+            for op_id in ids:
+                self.poll_one(op_id)
+        else:
+            self.pool.run(ids)
+        self.polls += len(ids)
+        return len(ids)
+
+    def open_rows(self) -> int:
+        return Operation.objects.filter(server__in=self.servers, state__in=NOT_SETTLING).count()
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def loop(self) -> None:
+        starts = sorted(self.plans.values(), key=lambda p: (p.start_s, p.index))
+        cursor = 0
+        actions: list[tuple[float, int]] = []
+        last_start = starts[-1].start_s if starts else 0.0
+        next_sweep = 0.0
+        next_answer: float | None = None
+        open_rows = 0
+        while True:
+            now = self.clock.now_s()
+            while cursor < len(starts) and starts[cursor].start_s <= now:
+                plan = starts[cursor]
+                cursor += 1
+                self.submit(plan)
+                if plan.cancel_at_s is not None:
+                    heapq.heappush(actions, (plan.start_s + plan.cancel_at_s, plan.index))
+            while actions and actions[0][0] <= now:
+                self.cancel(heapq.heappop(actions)[1])
+            if now >= next_sweep:
+                next_answer = self.sweep(now)
+                open_rows = self.open_rows()
+                next_sweep = now + SWEEP_S
+            claimed = self.dispatch()
+            if claimed and claimed >= 200:
+                continue  # a full batch: more may be due at this very instant
+            if cursor >= len(starts) and not actions and open_rows == 0 and now >= next_sweep - SWEEP_S:
+                if self.open_rows() == 0:
+                    return
+            if now > last_start + SETTLE_LIMIT_S:
+                return
+            due = operations_next_due_at()
+            candidates = [c for c in (
+                starts[cursor].start_s if cursor < len(starts) else None,
+                actions[0][0] if actions else None,
+                next_answer,
+                (due - self.clock.now()).total_seconds() + now if due is not None else None,
+                next_sweep if open_rows else None,
+            ) if c is not None]
+            target = min(candidates) if candidates else now + SWEEP_S
+            self.clock.set(max(target, now + MIN_STEP_S))
+
+    # -- verdict -------------------------------------------------------------------------
+
+    def verdict(self) -> tuple[dict[str, str], dict[str, int], dict[int, list[str]]]:
+        truth: dict[str, str] = {}
+        counts: dict[str, int] = {}
+        for sim in self.sims:
+            truth.update(sim.truth())
+            counts.update(sim.created_per_key)
+        rows = Operation.objects.filter(server__in=self.servers).values_list(
+            "id", "submission_key", "state", "receipt__terminal_status")
+        receipts = {key: (state, status) for _id, key, state, status in rows}
+        failing: dict[int, list[str]] = {}
+        for index, outcome in self.outcomes.items():
+            problems = list(outcome.errors)
+            got = [receipts[k][1] for k in outcome.keys if k in receipts and receipts[k][1]]
+            if len(got) > 1:
+                problems.append(f"{len(got)} receipts for one call node")
+            for key in outcome.keys:
+                state, status = receipts.get(key, ("missing", None))
+                want = truth.get(key)
+                if counts.get(key, 0) > 1:
+                    problems.append(f"server created {counts[key]} operations for key {key}")
+                if want is not None and status != want:
+                    problems.append(f"key {key}: receipt {status!r} ({state}) but the server says {want!r}")
+                if want is None and status:
+                    problems.append(f"key {key}: receipt {status!r} for a task the server never created")
+            if not got:
+                problems.append("no receipt for the call node")
+            # Submit errors the services recovered from (the row went on to a correct receipt)
+            # are not findings; anything else is.
+            if got and all(p.startswith("submit:") for p in problems):
+                problems = []
+            if problems:
+                failing[index] = problems
+        return truth, counts, failing
+
+
+def simulate(*, series: int, seed: int, only: int | None = None,
+             lie_about_series: frozenset[int] = frozenset(), workers: int = 1) -> SimResult:
+    """Run the simulation in the configured database and return its verdict with the gate."""
+    if only is not None and not 0 <= only < series:
+        raise ToolopsError(f"--only must be within 0..{series - 1}")
+    run = _Run(series=series, seed=seed, only=only, lie_about_series=lie_about_series,
+               workers=1 if only is not None else workers)
+    qps_bucket_replace(LocalTokenBucket())  # the embedded bucket, on the virtual clock below
+    try:
+        with virtual_time(run.clock, seed=seed):
+            run.register_servers()
+            transports = run.transports
+            connections_use_transport(lambda server: transports.get(server.pk))
+            run.loop()
+            truth, counts, failing = run.verdict()
+            gate = gate_report(server_names=[s.name for s in run.servers], ground_truth=truth,
+                               peer_counts=counts)
+    finally:
+        if run.pool is not None:
+            run.pool.close()
+        connections_use_transport(None)
+        adapters_close_all()
+        qps_bucket_replace(None)
+    # The server's own count, beside the bucket's (the gate figure): polls (tasks/get) per virtual
+    # second against the cap, and every request for information. They can differ: one token may
+    # cover two requests (the fencing key lookup is a POST and then a tasks/get).
+    peak = max((max(s.polls_per_second.values(), default=0) for s in run.sims), default=0)
+    peak_all = max((max(s.requests_per_second.values(), default=0) for s in run.sims), default=0)
+    faults: dict[str, int] = {}
+    for plan in run.plans.values():
+        for name in plan.faults():
+            faults[name] = faults.get(name, 0) + 1
+    return SimResult(seed=seed, series=series, only=only, virtual_seconds=round(run.clock.now_s(), 3),
+                     gate=gate, server_peak_over_qps=round(peak / SERVER_QPS, 4),
+                     server_peak_requests_over_qps=round(peak_all / SERVER_QPS, 4), failing=failing,
+                     fault_counts=dict(sorted(faults.items())), polls=run.polls)
+
+
+def result_summary(result: SimResult) -> dict[str, Any]:
+    return {"seed": result.seed, "series": result.series, "only": result.only,
+            "virtual_seconds": result.virtual_seconds, "polls": result.polls,
+            "server_peak_polls_over_qps": result.server_peak_over_qps,
+            "server_peak_requests_over_qps": result.server_peak_requests_over_qps,
+            "fault_counts": result.fault_counts,
+            "failing_series": len(result.failing), "passed": result.passed}
