@@ -21,7 +21,8 @@ def test_plans_are_a_function_of_seed_and_index() -> None:
         faults.update(series_plan(seed=SEED, index=i, arrival_per_s=1.2).faults())
     # 500 series hold every fault kind the plan knows.
     assert faults == {"lost_create", "throttle", "cancel_at_s", "cancel_ack_lost", "input_after_s",
-                      "replay_input", "result_fault", "stale_after_terminal", "wrong_task_id"}
+                      "replay_input", "result_fault", "stale_after_terminal", "wrong_task_id",
+                      "epoch_roll", "forget_before_ttl", "foreign_task_id"}
 
 
 def test_500_series_pass_the_gate() -> None:
