@@ -36,6 +36,12 @@ def test_500_series_pass_the_gate() -> None:
     assert figures["unknown_resolved_or_queued_s"].detail["spells"] > 10
     assert figures["outbox_traceable_share"].detail["outbox_rows"] >= 500
     assert figures["terminal_divergence"].detail["receipts"] >= 500
+    # The three later faults fired and left their records: a refused stale worker, a refused
+    # foreign task id, a forgotten task queued as UNKNOWN and resolved by the operator.
+    counts = result.fault_counts
+    assert counts["stale_epoch_refused"] == counts["epoch_rolled_in_flight"] > 0
+    assert counts["foreign_task_id_refused"] > 0
+    assert counts["operator_accepted"] >= counts["forgotten_to_queue"] > 0
 
 
 def test_a_lying_server_is_a_divergence_with_a_replay_command() -> None:

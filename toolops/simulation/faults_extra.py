@@ -26,6 +26,7 @@ from toolops.errors import ToolopsError
 from toolops.services.executors import LEGACY, TASKS
 from toolops.services.reconcile import reconciliation_abandon, reconciliation_accept_terminal
 from toolops.services.rollout import operation_hand_over_locked
+from toolops.simulation.plan import SeriesPlan
 from toolops.simulation.server import EPOCH
 
 if TYPE_CHECKING:
@@ -95,17 +96,28 @@ class ExtraFaults:
                 if index is not None:
                     self.run.outcomes[index].errors.append(f"operator: {exc}")
                 continue
-            self.counts[f"operator_{kind}"] = self.counts.get(f"operator_{kind}", 0) + 1
+            self._count(f"operator_{kind}")
         return next_due
 
-    def problems(self, keys: list[str]) -> list[str]:
-        """Findings for one series: a rolled row whose stale worker was not refused."""
+    def problems(self, plan: SeriesPlan, keys: list[str]) -> list[str]:
+        """Findings for one series: a planned fault that did not leave the record it must."""
         out = []
-        for key in keys:
-            if key in self.rolled and not OperationEvent.objects.filter(
-                    operation__submission_key=key, kind="stale_epoch_refused").exists():
-                out.append(f"key {key}: epoch rolled mid-poll but no stale_epoch_refused event")
+        events = OperationEvent.objects.filter(operation__submission_key__in=keys)
+        if any(k in self.rolled for k in keys):
+            if events.filter(kind="stale_epoch_refused").exists():
+                self._count("stale_epoch_refused")
+            else:
+                out.append("epoch rolled mid-poll but no stale_epoch_refused event")
+        if plan.foreign_task_id and events.filter(
+                kind="poll_error", data__type="ProtocolViolationError").exists():
+            self._count("foreign_task_id_refused")
+        if plan.forget_before_ttl and ReconciliationItem.objects.filter(
+                operation__submission_key__in=keys, reason="not_found_unknown").exists():
+            self._count("forgotten_to_queue")
         return out
+
+    def _count(self, name: str) -> None:
+        self.counts[name] = self.counts.get(name, 0) + 1
 
     def summary(self) -> dict[str, int]:
         return {"epoch_rolled_in_flight": len(self.rolled), **self.counts}

@@ -330,7 +330,7 @@ class _Run:
         receipts = {key: (state, status) for _id, key, state, status in rows}
         failing: dict[int, list[str]] = {}
         for index, outcome in self.outcomes.items():
-            problems = list(outcome.errors) + self.extra.problems(outcome.keys)
+            problems = list(outcome.errors) + self.extra.problems(self.plans[index], outcome.keys)
             got = [receipts[k][1] for k in outcome.keys if k in receipts and receipts[k][1]]
             if len(got) > 1:
                 problems.append(f"{len(got)} receipts for one call node")
