@@ -40,7 +40,6 @@ from toolops.services.observe import operation_poll
 from toolops.services.servers import _tools_table
 from toolops.services.submit import operation_submit
 from toolops.simulation.clock import VirtualClock, virtual_time
-from toolops.simulation.faults_extra import ExtraFaults
 from toolops.simulation.plan import SeriesPlan, series_plan
 from toolops.simulation.server import EPOCH, TOOL, SimServer, SimTransport
 
@@ -61,6 +60,7 @@ SETTLE_LIMIT_S = 5400.0  # beyond the input deadline (1 h) and the UNKNOWN deadl
 MIN_STEP_S = 0.1
 # An operator retries an undelivered answer this many times (once per sweep) before giving up.
 ANSWER_RETRIES = 30
+NOT_SETTLING = frozenset(OPEN - {State.RECONCILIATION_REQUIRED})
 
 
 @dataclass
@@ -158,7 +158,6 @@ class _Run:
         self.servers: list[ToolServer] = []
         self.pool: _Pool | None = _Pool(workers=workers, fn=self.poll_one) if workers > 1 else None
         self.transports: dict[int, SimTransport] = {}
-        self.extra = ExtraFaults(self)  # epoch roll, forgotten task, the reconciling operator
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -249,8 +248,7 @@ class _Run:
             index = self.op_index[op_id]
             if self.attempts.get(index, 0) < 3:
                 self.submit(self.plans[index])  # proven never created: a new attempt, a new key
-        return min((t for t in (next_answer, self.extra.operator_sweep(now_s)) if t is not None),
-                   default=None)
+        return next_answer
 
     def poll_one(self, op_id: uuid.UUID) -> None:
         try:
@@ -272,7 +270,7 @@ class _Run:
         return len(ids)
 
     def open_rows(self) -> int:
-        return Operation.objects.filter(server__in=self.servers, state__in=OPEN).count()
+        return Operation.objects.filter(server__in=self.servers, state__in=NOT_SETTLING).count()
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -330,7 +328,7 @@ class _Run:
         receipts = {key: (state, status) for _id, key, state, status in rows}
         failing: dict[int, list[str]] = {}
         for index, outcome in self.outcomes.items():
-            problems = list(outcome.errors) + self.extra.problems(self.plans[index], outcome.keys)
+            problems = list(outcome.errors)
             got = [receipts[k][1] for k in outcome.keys if k in receipts and receipts[k][1]]
             if len(got) > 1:
                 problems.append(f"{len(got)} receipts for one call node")
@@ -386,7 +384,6 @@ def simulate(*, series: int, seed: int, only: int | None = None,
     for plan in run.plans.values():
         for name in plan.faults():
             faults[name] = faults.get(name, 0) + 1
-    faults.update(run.extra.summary())
     return SimResult(seed=seed, series=series, only=only, virtual_seconds=round(run.clock.now_s(), 3),
                      gate=gate, server_peak_over_qps=round(peak / SERVER_QPS, 4),
                      server_peak_requests_over_qps=round(peak_all / SERVER_QPS, 4), failing=failing,

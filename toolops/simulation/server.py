@@ -51,7 +51,6 @@ class SimTask:
     # Fault counters: each fault fires a bounded number of times.
     fired: dict[str, int] = field(default_factory=dict)
     reported_terminal: bool = False
-    forgotten: bool = False  # the forget_before_ttl fault fired: 404 for good, truth kept
 
     def fire(self, name: str, times: int = 1) -> bool:
         n = self.fired.get(name, 0)
@@ -87,10 +86,6 @@ class SimServer:
         self._seq = 0
         # Test hook: keys whose ground truth this server misreports (a lying server).
         self.lie_about = lie_about
-        # Called (outside the lock) with a submission key while a tasks/get answer for that task
-        # is in flight: the runner rolls the row's epoch there (the epoch_roll fault).
-        self.on_answer_in_flight: Callable[[str], None] | None = None
-        self._in_flight = threading.local()
 
     # -- ground truth ------------------------------------------------------------------
 
@@ -139,19 +134,9 @@ class SimServer:
         if task is None or self._expired(task):
             return None
         self._advance(task)
-        if task.plan.forget_before_ttl and task.status in TERMINAL and not task.reported_terminal:
-            task.forgotten = True  # finished, then forgotten well before its ttl
-        return None if task.forgotten else task
+        return task
 
     def handle(self, request: httpx.Request) -> httpx.Response:
-        self._in_flight.key = None
-        response = self._handle(request)
-        key, self._in_flight.key = self._in_flight.key, None
-        if key is not None and self.on_answer_in_flight is not None:
-            self.on_answer_in_flight(key)  # the answer is built, not yet read by the adapter
-        return response
-
-    def _handle(self, request: httpx.Request) -> httpx.Response:
         now = self.clock()
         with self.lock:
             self.requests_per_second[int(now)] += 1
@@ -218,12 +203,6 @@ class SimServer:
             return httpx.Response(plan.throttle, headers={"retry-after": "1"}, json={})
         if plan.wrong_task_id and task.fire("wrong_id"):
             return _ok(rid, self._task_json(task, task_id=task.task_id + "-other"))
-        if plan.foreign_task_id and task.fire("foreign_id"):
-            # A terminal answer naming a task of another server's session: nothing may advance.
-            return _ok(rid, self._task_json(task, status="completed",
-                                            task_id=f"{self.name}-peer-t{self._seq}"))
-        if plan.epoch_roll and task.status == "working" and task.fire("epoch_roll"):
-            self._in_flight.key = task.key
         if plan.stale_after_terminal and task.status in TERMINAL and task.reported_terminal \
                 and task.fire("stale"):
             return _ok(rid, self._task_json(task, status="working"))  # an out-of-order answer
@@ -288,8 +267,7 @@ class SimServer:
         return _ok(rid, self._task_json(task))
 
     def _m_tasks_list(self, rid: Any, params: dict[str, Any]) -> httpx.Response:
-        return _ok(rid, {"tasks": [self._task_json(t) for t in self.tasks.values()
-                                     if not self._expired(t) and not t.forgotten]})
+        return _ok(rid, {"tasks": [self._task_json(t) for t in self.tasks.values() if not self._expired(t)]})
 
     def _lookup(self, body: dict[str, Any]) -> httpx.Response:
         key = str(body.get("key"))
