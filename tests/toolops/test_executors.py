@@ -31,7 +31,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def server(mcp_url: str) -> ToolServer:
-    return server_add(name="ref", url=mcp_url, sync_bounds={"quick_sync": 5.0})
+    # A high QPS cap: these tests are about epochs and leases, and a poll refused its token
+    # (rate_limited) right after the submit would never reach the epoch check.
+    return server_add(name="ref", url=mcp_url, sync_bounds={"quick_sync": 5.0}, max_qps=200)
 
 
 def _working(node: str, seconds: float = 2.0) -> Operation:
