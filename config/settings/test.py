@@ -24,3 +24,7 @@ TOOLOPS_POLL_FLOOR_SECONDS = 0.05
 TOOLOPS_POLL_DEFAULT_SECONDS = 0.2
 TOOLOPS_SUBMIT_UNSENT_RETRIES = 1
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# Wait in place for a token due within 150 ms (above one interval of the default 10 QPS cap):
+# tests that poll right after a submit then exercise their own guard, not QPS pacing. Tests of
+# the pacing itself use caps far below this (e.g. 0.5 QPS), so they are still refused.
+TOOLOPS_QPS_INLINE_WAIT_SECONDS = 0.15
