@@ -8,9 +8,6 @@ refused while rows are open, including a row whose submit transaction is still r
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -158,23 +155,6 @@ def test_disable_waits_for_a_running_submit_and_then_sees_its_row() -> None:
 
 
 # -- the CLI and --adapter auto (real subprocesses on the embedded SQLite default) ------------
-
-
-@pytest.fixture
-def cli(tmp_path: Path):  # type: ignore[no-untyped-def]
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings",
-           "DATABASE_URL": f"sqlite:///{tmp_path / 'cli.sqlite3'}"}
-    env.pop("CELERY_BROKER_URL", None)
-
-    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=120)
-        if check and proc.returncode != 0:
-            raise AssertionError(f"{args} failed: {proc.stderr}")
-        return proc
-
-    run("migrate", "-v0")
-    return run
 
 
 def test_cli_adapter_list_drain_disable_enable(cli, ext_url: str) -> None:  # type: ignore[no-untyped-def]
