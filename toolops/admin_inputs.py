@@ -20,6 +20,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
 from ledger.models import EffectReconciliation, InputRequest
+from toolops.admin_forms import form_json_object
 from toolops.services.inputs import ELICITATION_ACTIONS, InputAnswerRefused, operation_answer_input
 
 ANSWER_PERMISSION = "ledger.change_inputrequest"
@@ -38,16 +39,7 @@ class InputAnswerForm(forms.Form):
     )
 
     def clean_content(self) -> Any:
-        raw = self.cleaned_data["content"].strip()
-        if not raw:
-            return None
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(f"not valid JSON: {exc.msg}") from exc
-        if not isinstance(value, dict):
-            raise forms.ValidationError("must be a JSON object")
-        return value
+        return form_json_object(self.cleaned_data["content"])
 
 
 class _ReadOnly(admin.ModelAdmin):

@@ -7,7 +7,6 @@ Actions need the `ledger.resolve_reconciliationitem` permission, viewing needs v
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +19,7 @@ from django.utils import timezone
 
 from ledger.models import ReconciliationItem
 from ledger.states import TerminalStatus
+from toolops.admin_forms import form_json_object
 from toolops.services.reconcile import (
     ReconciliationRefused,
     reconciliation_abandon,
@@ -66,16 +66,7 @@ class AcceptForm(ReasonForm):
     )
 
     def clean_evidence(self) -> dict[str, Any] | None:
-        raw = self.cleaned_data["evidence"].strip()
-        if not raw:
-            return None
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(f"not valid JSON: {exc.msg}") from exc
-        if not isinstance(value, dict):
-            raise forms.ValidationError("must be a JSON object")
-        return value
+        return form_json_object(self.cleaned_data["evidence"])
 
 
 Service = Callable[[ReconciliationItem, dict[str, Any], str], object]
