@@ -34,6 +34,7 @@ from adapters.base import (
     InputWindow,
     Negotiated,
     RemoteTask,
+    RequestGate,
     ResendRequest,
     SubmitOutcome,
     ToolDescriptor,
@@ -159,8 +160,16 @@ class Aip151Adapter:
         self._client = httpx.Client(transport=transport, timeout=timeout_s, follow_redirects=False)
         self._results: OrderedDict[str, FetchedResult] = OrderedDict()
         self._lock = threading.Lock()
+        self._gate: RequestGate | None = None  # passed before every request, retries included
 
     # -- plumbing ----------------------------------------------------------------------------
+
+    def set_request_gate(self, gate: RequestGate | None) -> None:
+        self._gate = gate
+
+    def _pass_gate(self, what: str) -> None:
+        if self._gate is not None:
+            self._gate(what)
 
     def _operation_url(self, name: str) -> str:
         return f"{self._base}/{self._prefix}/{name.lstrip('/')}"
@@ -199,6 +208,8 @@ class Aip151Adapter:
                 wait = hinted if hinted else 0.1 * 2**attempt
                 time.sleep(min(wait, MAX_IN_CALL_WAIT_S))
             detail: dict[str, Any] = {"call": what}
+            # Each in-call retry is a request of its own: it passes the gate (QPS) again.
+            self._pass_gate(what)
             try:
                 response = self._client.request(method, url, json=json)
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
@@ -252,6 +263,7 @@ class Aip151Adapter:
         for tool, method in self._methods.items():
             if not isinstance(method, dict) or not isinstance(method.get("path"), str):
                 raise AdapterError(f"method for tool {tool!r} needs a path", detail={"tool": tool})
+        self._pass_gate("ListOperations probe")
         try:
             probe = self._client.get(f"{self._base}/{self._list_path}")
         except httpx.TransportError as exc:

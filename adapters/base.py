@@ -9,7 +9,7 @@ taken from what the server said, not from our parsed view of it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -20,6 +20,13 @@ from typing import Any, Protocol, runtime_checkable
 KEY_LOOKUP = "key_lookup"  # server answers "which task has this key?"; a miss fences the key: PROOF
 KEY_DEDUP_RESEND = "key_dedup_resend"  # server dedups tools/call on the key: a resend is PROOF
 LIST_SCAN = "list_scan"  # tasks/list filtered by creation time: CANDIDATES ONLY, never proof
+
+# Called with a short label (the JSON-RPC method or HTTP call) before EVERY HTTP request an
+# adapter sends, on the thread that sends it. It may wait briefly, or raise TransientError
+# (nothing is sent). The executor installs one that spends a QPS token per request: one adapter
+# call can send several requests (a key lookup then tasks/get, AIP-151's cancel then Get and its
+# in-call retries, a session re-initialisation), and the per-server cap counts requests.
+RequestGate = Callable[[str], None]
 
 
 def session_digest(session_id: str | None) -> str:
@@ -176,6 +183,10 @@ class TaskAdapter(Protocol):
         """Tasks created in the window (tasks/list): CANDIDATES for an operator, never proof."""
         ...
 
+    def set_request_gate(self, gate: RequestGate | None) -> None:
+        """Install the gate every later HTTP request of this adapter passes (see RequestGate)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -187,6 +198,7 @@ __all__ = [
     "InputWindow",
     "Negotiated",
     "RemoteTask",
+    "RequestGate",
     "ResendRequest",
     "ServerRequest",
     "SubmitOutcome",

@@ -29,6 +29,7 @@ import httpx
 import pydantic
 from mcp_types import jsonrpc as rpc
 
+from adapters.base import RequestGate
 from adapters.errors import (
     AdapterError,
     LostResponseError,
@@ -199,6 +200,8 @@ class JsonRpcClient:
         self._id_prefix = secrets.token_hex(6)
         self._counter = 0
         self._lock = threading.Lock()
+        # Passed before every request this client sends (see adapters.base.RequestGate).
+        self.request_gate: RequestGate | None = None
 
     def new_id(self) -> str:
         with self._lock:
@@ -214,12 +217,18 @@ class JsonRpcClient:
             transport=self._transport,
         )
         twin.headers = dict(self.headers)
+        twin.request_gate = self.request_gate
         return twin
 
     def close(self) -> None:
         # A transport passed in belongs to the caller (and may be shared with clones).
         if self._transport is None:
             self._client.close()
+
+    def gate(self, what: str) -> None:
+        """Pass the request gate (if any) before sending: it may wait, or raise TransientError."""
+        if self.request_gate is not None:
+            self.request_gate(what)
 
     def _request_headers(self) -> dict[str, str]:
         return {"Accept": ACCEPT, "Content-Type": "application/json", **self.headers}
@@ -255,7 +264,12 @@ class JsonRpcClient:
         on_message: Callable[[Message], None],
         on_open: Callable[[httpx.Response], None] | None = None,
         deadline: float | None = None,
+        gated: bool = False,
     ) -> RpcReply:
+        """`gated`: the caller already passed the request gate for this request (a stream opened
+        on a reader thread passes it on the thread that asked for the stream)."""
+        if not gated:
+            self.gate(method)
         body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
         detail: dict[str, Any] = {"method": method, "request_id": request_id}
         with _transport_errors(method, detail):
@@ -278,6 +292,7 @@ class JsonRpcClient:
     def post_json(self, *, url: str, body: dict[str, Any], what: str) -> httpx.Response:
         """A plain JSON POST with this client's protocol headers (a server's side endpoint)."""
         detail: dict[str, Any] = {"method": what}
+        self.gate(what)
         try:
             response = self._client.post(url, json=body, headers=self._request_headers())
             response.read()
@@ -290,6 +305,7 @@ class JsonRpcClient:
     def post_message(self, *, message: Message, what: str) -> None:
         """POST a notification or a response to a server request; the server answers 202."""
         detail: dict[str, Any] = {"method": what}
+        self.gate(what)
         with _transport_errors(what, detail):
             response = self._client.post(self.url, json=message, headers=self._request_headers())
         detail["http_status"] = response.status_code
@@ -432,6 +448,9 @@ class MessageStream:
         self._thread = threading.Thread(target=self._run, name=f"mcp-stream-{self.request_id}", daemon=True)
 
     def start(self) -> MessageStream:
+        # The gate runs here, on the caller's thread: it belongs to the caller's call (its QPS
+        # token and purpose), and a refusal must reach the caller, not the reader thread.
+        self._client.gate(self._method)
         self._thread.start()
         return self
 
@@ -446,6 +465,7 @@ class MessageStream:
                 creates=False,
                 on_message=self._queue.put,
                 on_open=self._remember_socket,
+                gated=True,
             )
             self._queue.put(StreamEnd(reply=reply, error=None))
         except AdapterError as exc:

@@ -32,6 +32,7 @@ from adapters.base import (
     InputWindow,
     Negotiated,
     RemoteTask,
+    RequestGate,
     ServerRequest,
     SubmitOutcome,
     ToolDescriptor,
@@ -191,6 +192,9 @@ class McpTasks2025Adapter(SubmissionKeyResolution):
         # Server requests that arrived on some stream but were not asked for yet.
         self.pending_server_requests: list[ServerRequest] = []
         self.notifications: deque[Message] = deque(maxlen=256)
+
+    def set_request_gate(self, gate: RequestGate | None) -> None:
+        self._rpc.request_gate = gate  # streams clone the client, and the gate with it
 
     # -- session -------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from adapters.base import (
     InputWindow,
     Negotiated,
     RemoteTask,
+    RequestGate,
     ResendRequest,
     ServerRequest,
     SubmitOutcome,
@@ -423,6 +424,9 @@ class McpTasksExt2026Adapter:
         self, *, created_after: datetime, created_before: datetime
     ) -> list[RemoteTask]:
         return []
+
+    def set_request_gate(self, gate: RequestGate | None) -> None:
+        self._rpc.request_gate = gate
 
     def close(self) -> None:
         self._rpc.close()

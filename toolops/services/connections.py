@@ -2,6 +2,12 @@
 every protocol call passes: `server_call` takes a token from the server's QPS bucket first.
 
 The cache key includes the session id: when a session is replaced, the old adapter is not reused.
+
+The cap counts HTTP requests, not adapter calls: one call can send several (a key lookup then
+`tasks/get`, AIP-151's cancel then Get and its in-call retries). Every adapter made here carries a
+request gate. `server_call` takes the first request's token before anything is built (a refusal
+costs nothing), and the gate charges each further request of the same call one more token, as a
+follow-up that may wait briefly in place.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TypeVar
 
@@ -18,6 +25,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from adapters import TaskAdapter, TransientError, adapter_for
+from adapters.base import RequestGate
 from ledger.models import ToolServer
 from toolops.metrics import qps_token_denied_inc
 from toolops.qps import qps_bucket, retry_spread_seconds, server_bucket_key
@@ -25,7 +33,8 @@ from toolops.qps import qps_bucket, retry_spread_seconds, server_bucket_key
 T = TypeVar("T")
 
 # The protocol calls that count against a server's cap (all of them: the cap is per server).
-PURPOSES = frozenset({"submit", "poll", "result", "cancel", "lookup", "input"})
+# "session": a re-initialisation after a lost session, and any request outside `server_call`.
+PURPOSES = frozenset({"submit", "poll", "result", "cancel", "lookup", "input", "session"})
 
 STATUS_NOTIFICATION = "notifications/tasks/status"
 
@@ -33,6 +42,15 @@ _lock = threading.Lock()
 _cache: dict[tuple[int, str, str, str], TaskAdapter] = {}
 _transport_factory: Callable[[ToolServer], httpx.BaseTransport | None] | None = None
 _rng = random.SystemRandom()
+# The `server_call` running on this thread: its gate charges its requests to this scope.
+_scope = threading.local()
+
+
+@dataclass
+class _CallScope:
+    server: ToolServer
+    purpose: str
+    prepaid: int  # requests already paid for: server_call's up-front token
 
 
 # Longest in-place wait for a follow-up call's token: a worker slot is held meanwhile, so keep it
@@ -80,6 +98,7 @@ def adapter_for_server(*, server: ToolServer) -> TaskAdapter:
                 options=(server.capabilities or {}).get("adapter_options"),
                 transport=_transport_factory(server) if _transport_factory is not None else None,
             )
+            adapter.set_request_gate(server_request_gate(server=server))
             _cache[key] = adapter
         return adapter
 
@@ -115,12 +134,43 @@ def server_token_take(*, server: ToolServer, purpose: str, follow_up: bool = Fal
                       retry_at=timezone.now() + timedelta(seconds=delay))
 
 
+def server_request_gate(*, server: ToolServer, purpose: str = "session") -> RequestGate:
+    """The gate an adapter of `server` passes before each HTTP request (adapters.base.RequestGate).
+
+    Inside `server_call` on this thread, the call's first request uses the token the call already
+    took and each further one takes its own, charged to the call's purpose. Outside one (a
+    re-initialisation, a request some future path sends directly) every request takes a token
+    under `purpose`. Either way a refusal is RateLimited, a TransientError: nothing was sent.
+    """
+    server_id = server.pk
+
+    def gate(what: str) -> None:
+        scope: _CallScope | None = getattr(_scope, "call", None)
+        if scope is not None and scope.server.pk == server_id:
+            if scope.prepaid > 0:
+                scope.prepaid -= 1
+                return
+            server_token_take(server=scope.server, purpose=scope.purpose, follow_up=True)
+            return
+        server_token_take(server=server, purpose=purpose, follow_up=True)
+
+    return gate
+
+
 def server_call(*, server: ToolServer, purpose: str, fn: Callable[[TaskAdapter], T],
                 follow_up: bool = False) -> T:
-    """Run one adapter call under the server's QPS cap. No token: RateLimited, nothing sent."""
+    """Run one adapter call under the server's QPS cap: one token per HTTP request it sends.
+
+    The first token is taken before anything else, so a refusal (RateLimited) sends nothing.
+    """
     server_token_take(server=server, purpose=purpose, follow_up=follow_up)
     adapter = adapter_for_server(server=server)
-    result = fn(adapter)
+    outer = getattr(_scope, "call", None)
+    _scope.call = _CallScope(server=server, purpose=purpose, prepaid=1)
+    try:
+        result = fn(adapter)
+    finally:
+        _scope.call = outer
     _pushed_status_poll_sooner(server=server, adapter=adapter)
     return result
 

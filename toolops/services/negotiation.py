@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from adapters import AdapterError, adapter_for
-from adapters.base import Negotiated, ToolDescriptor
+from adapters.base import Negotiated, RequestGate, ToolDescriptor
 from adapters.mcp_tasks_ext_2026 import EXTENSION
 from ledger.models import ToolServer
 from toolops.errors import ToolopsError
@@ -27,12 +27,15 @@ AUTO_ORDER = (EXT, CORE_2025)
 
 
 def negotiate_with(
-    *, url: str, adapter_version: str, options: dict[str, Any] | None = None
+    *, url: str, adapter_version: str, options: dict[str, Any] | None = None,
+    request_gate: RequestGate | None = None,
 ) -> tuple[Negotiated, list[ToolDescriptor]]:
+    """`request_gate`: for a server already in use (a re-initialisation), its QPS gate."""
     try:
         adapter = adapter_for(version=adapter_version, url=url, session_id=None, options=options)
     except ValueError as exc:
         raise ToolopsError(str(exc)) from exc
+    adapter.set_request_gate(request_gate)
     try:
         negotiated = adapter.negotiate()
         tools = adapter.list_tools()

@@ -7,10 +7,11 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from adapters.base import Negotiated, ToolDescriptor
+from adapters.base import Negotiated, RequestGate, ToolDescriptor
 from ledger.digests import canonical_digest
 from ledger.models import ToolServer
 from toolops.errors import ToolopsError
+from toolops.services.connections import server_request_gate
 from toolops.services.negotiation import negotiate_auto, negotiate_with
 
 DEFAULT_ADAPTER = "mcp-tasks/2025-11-25"
@@ -28,9 +29,11 @@ def _tools_table(tools: list[ToolDescriptor]) -> dict[str, Any]:
 
 
 def _negotiate(
-    *, url: str, adapter_version: str, options: dict[str, Any] | None = None
+    *, url: str, adapter_version: str, options: dict[str, Any] | None = None,
+    request_gate: RequestGate | None = None,
 ) -> tuple[Negotiated, list[ToolDescriptor]]:
-    return negotiate_with(url=url, adapter_version=adapter_version, options=options)
+    return negotiate_with(url=url, adapter_version=adapter_version, options=options,
+                          request_gate=request_gate)
 
 
 def server_add(
@@ -84,8 +87,10 @@ def server_renegotiate(*, server_id: int, stale_session_id: str) -> ToolServer:
     server = ToolServer.objects.get(pk=server_id)
     if server.session_id != stale_session_id:
         return server
+    # A server in use: the handshake's requests count against its cap like any other.
     negotiated, tools = _negotiate(url=server.url, adapter_version=server.adapter_version,
-                                   options=server.capabilities.get("adapter_options"))
+                                   options=server.capabilities.get("adapter_options"),
+                                   request_gate=server_request_gate(server=server))
     ToolServer.objects.filter(pk=server_id, session_id=stale_session_id).update(
         session_id=negotiated.session_id or "",
         capabilities=negotiated.capabilities,

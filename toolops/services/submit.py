@@ -7,6 +7,7 @@ new key.
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import time
@@ -25,7 +26,7 @@ from adapters import (
     SessionLostError,
     TransientError,
 )
-from adapters.base import FetchedResult, RemoteTask, SubmitOutcome
+from adapters.base import FetchedResult, RemoteTask, SubmitOutcome, TaskAdapter
 from ledger.digests import request_digest
 from ledger.errors import IllegalTransition
 from ledger.models import Operation, ToolServer
@@ -34,7 +35,7 @@ from ledger.services.transitions import operation_transition
 from ledger.states import State
 from toolops.errors import ServerNotFound, SubmissionKeyTaken, SubmitRefused
 from toolops.services.adapters_admin import adapter_assert_accepting
-from toolops.services.connections import RateLimited, adapter_for_server, server_token_take
+from toolops.services.connections import RateLimited, server_call
 from toolops.services.executors import TASKS, operation_refuse_stale
 from toolops.services.negotiation import server_offers_tasks
 from toolops.services.observe import task_schedule_fields
@@ -159,6 +160,20 @@ def _insert_row(
     return op
 
 
+def _send_once(adapter: TaskAdapter, *, op: Operation, server: ToolServer
+               ) -> SubmitOutcome | FetchedResult:
+    if op.execution_mode == "sync":
+        bound = float(server.sync_bounds[op.tool_name])
+        return adapter.call_sync(
+            tool=op.tool_name, arguments=op.body["arguments"], timeout_s=bound,
+            submission_key=op.submission_key,
+        )
+    return adapter.submit(
+        tool=op.tool_name, arguments=op.body["arguments"], ttl_ms=op.ttl_ms,
+        submission_key=op.submission_key,
+    )
+
+
 def _send(*, op: Operation, server: ToolServer) -> SubmitOutcome | FetchedResult:
     """Send with the row's key. Only a provably unsent request is retried, under the same key."""
     attempts = 1 + int(settings.TOOLOPS_SUBMIT_UNSENT_RETRIES)
@@ -166,18 +181,8 @@ def _send(*, op: Operation, server: ToolServer) -> SubmitOutcome | FetchedResult
     for attempt in range(attempts):
         try:
             # The QPS token first: a refusal here means nothing was sent (see RateLimited below).
-            server_token_take(server=server, purpose="submit")
-            adapter = adapter_for_server(server=server)
-            if op.execution_mode == "sync":
-                bound = float(server.sync_bounds[op.tool_name])
-                return adapter.call_sync(
-                    tool=op.tool_name, arguments=op.body["arguments"], timeout_s=bound,
-                    submission_key=op.submission_key,
-                )
-            return adapter.submit(
-                tool=op.tool_name, arguments=op.body["arguments"], ttl_ms=op.ttl_ms,
-                submission_key=op.submission_key,
-            )
+            return server_call(server=server, purpose="submit",
+                               fn=functools.partial(_send_once, op=op, server=server))
         except SessionLostError:
             # A 404 on the session before anything was created in it: open a new session once.
             if renegotiated:
