@@ -19,7 +19,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger.errors import AcceptanceRefused, OperationNotFound
-from ledger.models import Operation, OperationEvent, OutboxEvent, TerminalReceipt
+from ledger.models import InputRequest, Operation, OperationEvent, OutboxEvent, TerminalReceipt
 from ledger.services.events import event_append_locked, operation_record_event
 from ledger.services.shadow import shadow_comparisons_complete_locked
 from ledger.states import State, TerminalStatus
@@ -111,6 +111,10 @@ def _accept_locked(
 
     # Shadows of this call that finished first wait for this receipt to be compared.
     shadow_comparisons_complete_locked(legacy=op, receipt=receipt)
+    # An ended operation's open input rounds can never be answered (however it ended: the
+    # server's terminal state, a confirmed cancel, an operator's attested one). Same transaction
+    # as the receipt, so no gate ever offers an answer for an accepted row.
+    input_rounds_withdraw(operation_id=op.id)
     now = timezone.now()
     Operation.objects.filter(id=op.id, state=op.state).update(
         state=final_state,
@@ -134,6 +138,13 @@ def _accept_locked(
     return receipt
 
 
+def input_rounds_withdraw(*, operation_id: uuid.UUID) -> int:
+    """Open input rounds of an ended operation can no longer be answered."""
+    return InputRequest.objects.filter(
+        operation_id=operation_id, status=InputRequest.Status.OPEN
+    ).update(status=InputRequest.Status.WITHDRAWN)
+
+
 def _cancel_figures(*, op: Operation, cancelled: bool, now: datetime) -> dict[str, Any]:
     """For a row with a cancel request: whether the cancel won and how long confirmation took
     (request to accepted terminal), stored in the accepted event so a gate reads it from the ledger."""
@@ -145,6 +156,10 @@ def _cancel_figures(*, op: Operation, cancelled: bool, now: datetime) -> dict[st
         .values_list("created_at", flat=True).first()
     )
     figures: dict[str, Any] = {"cancel_outcome": "won" if cancelled else "lost"}
+    if op.result_kind == "attested":
+        # The server never confirmed: an operator settled the row from the queue. The latency
+        # is the operator's, reported apart from the server's confirmation latency.
+        figures["settled_by"] = "operator"
     if requested_at is not None:
         figures["cancel_confirmation_ms"] = round((now - requested_at).total_seconds() * 1000, 3)
     return figures

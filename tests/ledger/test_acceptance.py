@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 from django.db import IntegrityError, connection, connections, transaction
+from django.utils import timezone
 
 from ledger.errors import AcceptanceRefused
-from ledger.models import Operation, OperationEvent, OutboxEvent, TerminalReceipt
+from ledger.models import InputRequest, Operation, OperationEvent, OutboxEvent, TerminalReceipt
 from ledger.services.acceptance import operation_accept_terminal
 from ledger.states import State
 from tests.ledger.factories import OperationFactory
@@ -50,6 +51,34 @@ def test_accept_writes_receipt_one_outbox_row_and_final_state() -> None:
     assert outbox.payload["operation_id"] == str(op.id)
     assert outbox.payload["receipt_id"] == receipt.pk
     assert OperationEvent.objects.filter(operation=op, kind="accepted").count() == 1
+
+
+@pytest.mark.django_db
+def test_acceptance_withdraws_open_input_rounds_in_the_same_transaction() -> None:
+    op = _fetched_op()
+    answered = InputRequest.objects.create(
+        operation=op, round=1, server_request_id="r1", method="elicitation/create",
+        schema_digest="sha256:s", deadline=timezone.now(), status=InputRequest.Status.ANSWERED)
+    open_round = InputRequest.objects.create(
+        operation=op, round=2, server_request_id="r2", method="elicitation/create",
+        schema_digest="sha256:s", deadline=timezone.now())
+    operation_accept_terminal(**_claim(op))
+    open_round.refresh_from_db()
+    answered.refresh_from_db()
+    # An accepted row takes no more answers; a round already answered keeps its record.
+    assert open_round.status == InputRequest.Status.WITHDRAWN
+    assert answered.status == InputRequest.Status.ANSWERED
+
+
+@pytest.mark.django_db
+def test_an_operator_settled_cancel_is_marked_in_the_accepted_event() -> None:
+    op = _fetched_op(cancel_generation=1, result_kind="attested")
+    OperationEvent.objects.create(operation=op, seq=1, kind="cancel_requested", cancel_generation=1,
+                                  execution_epoch=op.execution_epoch)
+    operation_accept_terminal(**_claim(op))
+    data = OperationEvent.objects.get(operation=op, kind="accepted").data
+    assert data["settled_by"] == "operator" and data["cancel_outcome"] == "lost"
+    assert data["cancel_confirmation_ms"] >= 0
 
 
 @pytest.mark.django_db

@@ -21,7 +21,8 @@ def test_plans_are_a_function_of_seed_and_index() -> None:
         faults.update(series_plan(seed=SEED, index=i, arrival_per_s=1.2).faults())
     # 500 series hold every fault kind the plan knows.
     assert faults == {"lost_create", "throttle", "cancel_at_s", "cancel_ack_lost", "input_after_s",
-                      "replay_input", "result_fault", "stale_after_terminal", "wrong_task_id"}
+                      "replay_input", "result_fault", "stale_after_terminal", "wrong_task_id",
+                      "epoch_roll", "forget_before_ttl", "foreign_task_id", "expire_after_s"}
 
 
 def test_500_series_pass_the_gate() -> None:
@@ -29,12 +30,24 @@ def test_500_series_pass_the_gate() -> None:
     assert result.failing == {}, {i: p for i, p in list(result.failing.items())[:5]}
     assert result.gate.passed, result.gate.as_dict()
     assert result.server_peak_over_qps <= 1.0
+    # Every request the server saw, key lookups included, stayed within its cap.
+    assert result.server_peak_requests_over_qps <= 1.0
     figures = {f.name: f for f in result.gate.figures}
     # The run really exercised what the figures measure.
     assert figures["cancel_confirmation_p99_ms"].detail["cancels"] > 50
     assert figures["unknown_resolved_or_queued_s"].detail["spells"] > 10
     assert figures["outbox_traceable_share"].detail["outbox_rows"] >= 500
     assert figures["terminal_divergence"].detail["receipts"] >= 500
+    # The three later faults fired and left their records: a refused stale worker, a refused
+    # foreign task id, a forgotten task queued as UNKNOWN and resolved by the operator.
+    counts = result.fault_counts
+    assert counts["stale_epoch_refused"] == counts["epoch_rolled_in_flight"] > 0
+    assert counts["foreign_task_id_refused"] > 0
+    assert counts["operator_accepted"] >= counts["forgotten_to_queue"] > 0
+    # Short ttls: some rows were accepted before the expiry mattered, some polled after it (404
+    # or their own copy of the expiry) and were queued, then settled by the operator.
+    assert counts["expired_after_receipt"] > 0 and counts["expired_to_queue"] > 0
+    assert counts["operator_accepted"] >= counts["forgotten_to_queue"] + counts["expired_to_queue"]
 
 
 def test_a_lying_server_is_a_divergence_with_a_replay_command() -> None:

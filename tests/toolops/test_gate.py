@@ -137,6 +137,22 @@ def test_cancel_confirmation_p99() -> None:
     assert (fig.value, fig.passed, fig.detail["cancels"]) == (90_000.0, False, 101)
 
 
+def test_operator_settled_cancels_are_listed_apart_from_confirmation_latency() -> None:
+    for i in range(10):
+        _accepted(OperationFactory(cancel_generation=1), status="cancelled", seen=None,
+                  final=State.CANCELLED_ACCEPTED, cancel_ms=1000.0 + i)
+    # The server lost the task; an operator settled it from the queue two minutes later.
+    op = OperationFactory(cancel_generation=1)
+    _accepted(op, status="completed", seen=None, cancel_ms=120_000.0)
+    OperationEvent.objects.filter(operation=op, kind="accepted").update(
+        data={"terminal_status": "completed", "cancel_confirmation_ms": 120_000.0,
+              "cancel_outcome": "lost", "settled_by": "operator"})
+    fig = gate_report().figure("cancel_confirmation_p99_ms")
+    assert (fig.value, fig.passed, fig.detail["cancels"]) == (1009.0, True, 10)
+    assert fig.detail["settled_by_operator"] == 1
+    assert fig.detail["settled_by_operator_max_ms"] == 120_000.0
+
+
 def test_unknown_spells_closed_and_open() -> None:
     op = OperationFactory(state=State.WORKING)
     _event(op, 1, "submission_unknown", src=State.SUBMITTING, dst=State.SUBMISSION_UNKNOWN)

@@ -35,7 +35,7 @@ from adapters import (
 from adapters.base import FetchedResult, RemoteTask
 from ledger.digests import canonical_digest
 from ledger.errors import AcceptanceRefused, IllegalTransition
-from ledger.models import EffectReconciliation, InputRequest, Operation, OperationEvent
+from ledger.models import EffectReconciliation, Operation, OperationEvent
 from ledger.services.acceptance import operation_accept_terminal
 from ledger.services.events import event_append_locked, operation_record_event
 from ledger.services.transitions import operation_transition, operation_update_guarded
@@ -189,10 +189,9 @@ def operation_observe_cancel_requested(
 
     if task.status == "cancelled":
         return operation_accept_cancelled(op=op, lease_owner=lease_owner, task=task, source="poll")
-    # Completion won the race: the cancel is recorded as lost and the real outcome is accepted.
-    operation_record_event(operation_id=op.id, kind="cancel_lost",
-                           data={"server_status": task.status,
-                                 "cancel_generation": op.cancel_generation})
+    # Completion won the race: the real outcome is accepted and the cancel recorded as lost, but
+    # only once this observation has moved the row. A stale worker's copy of the same answer
+    # (an older epoch, a lost lease) must not leave a `cancel_lost` it had no right to write.
     try:
         operation_record_terminal_seen(
             operation_id=op.id, from_state=State.CANCEL_REQUESTED, lease_owner=lease_owner,
@@ -200,6 +199,9 @@ def operation_observe_cancel_requested(
         )
     except IllegalTransition:
         return "stale_observation"
+    operation_record_event(operation_id=op.id, kind="cancel_lost",
+                           data={"server_status": task.status,
+                                 "cancel_generation": op.cancel_generation})
     return operation_fetch_and_accept(operation_id=op.id, lease_owner=lease_owner)
 
 
@@ -275,15 +277,7 @@ def operation_accept_cancelled(*, op: Operation, lease_owner: str, task: RemoteT
         )
     except AcceptanceRefused:
         return "acceptance_refused"
-    input_rounds_withdraw(operation_id=op.id)
     return f"accepted:{receipt.terminal_status}"
-
-
-def input_rounds_withdraw(*, operation_id: uuid.UUID) -> int:
-    """Open input rounds of an ended operation can no longer be answered."""
-    return InputRequest.objects.filter(
-        operation_id=operation_id, status=InputRequest.Status.OPEN
-    ).update(status=InputRequest.Status.WITHDRAWN)
 
 
 def operation_record_late_effect(

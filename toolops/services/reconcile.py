@@ -21,7 +21,7 @@ from django.utils import timezone
 from ledger.digests import canonical_digest
 from ledger.errors import AcceptanceRefused
 from ledger.models import Operation, OperationEvent, ReconciliationItem
-from ledger.services.acceptance import operation_accept_terminal
+from ledger.services.acceptance import input_rounds_withdraw, operation_accept_terminal
 from ledger.services.transitions import operation_transition, operation_update_guarded
 from ledger.states import State, TerminalStatus
 from toolops.errors import ToolopsError
@@ -152,6 +152,7 @@ def reconciliation_declare_never_created(*, item_id: int, actor: str,
             execution_epoch=op.execution_epoch, updates={**RELEASE, "next_poll_at": None},
             event_kind="reconciliation_resolved", event_data=who,
         )
+        input_rounds_withdraw(operation_id=op.id)
 
     return _resolve(item_id=item_id, actor=actor, reason=reason,
                     resolution=Resolution.NEVER_CREATED, apply=apply)
@@ -223,6 +224,7 @@ def reconciliation_abandon(*, item_id: int, actor: str, reason: str) -> Reconcil
             execution_epoch=op.execution_epoch, updates={**RELEASE, "next_poll_at": None},
             event_kind="reconciliation_resolved", event_data=who,
         )
+        input_rounds_withdraw(operation_id=op.id)  # an abandoned row takes no more answers
 
     return _resolve(item_id=item_id, actor=actor, reason=reason,
                     resolution=Resolution.ABANDONED, apply=apply)

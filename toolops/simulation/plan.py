@@ -21,6 +21,10 @@ P_RESULT_TRUNCATED = 0.05    # tasks/result cut mid-stream
 P_STALE = 0.06               # an out-of-order poll answer (working after terminal)
 P_WRONG_ID = 0.04            # tasks/get answers about another task id
 P_FAILED = 0.15              # the work itself fails
+P_EPOCH_ROLL = 0.05          # the row's epoch is rolled while a poll answer of the old one is in flight
+P_FORGET = 0.04              # the server forgets the finished task before its ttl (404: UNKNOWN)
+P_FOREIGN_ID = 0.04          # tasks/get names a task of another server's session
+P_SHORT_TTL = 0.05           # a ttl that ends soon after the work: 404 after expiry, or no 404 at all
 
 
 @dataclass(frozen=True)
@@ -40,12 +44,20 @@ class SeriesPlan:
     result_fault: str  # "" | "lost" | "truncated"
     stale_after_terminal: bool
     wrong_task_id: bool
+    # Drawn after the fields above, so adding them left every earlier plan of a seed unchanged.
+    epoch_roll: bool = False
+    forget_before_ttl: bool = False
+    foreign_task_id: bool = False
+    # Seconds after the work ends that the server's ttl runs out (series without input rounds,
+    # whose end is not known in advance); None: the usual hour.
+    expire_after_s: float | None = None
 
     def faults(self) -> list[str]:
         d = asdict(self)
         return [k for k in ("lost_create", "throttle", "cancel_at_s", "cancel_ack_lost",
                             "input_after_s", "replay_input", "result_fault", "stale_after_terminal",
-                            "wrong_task_id") if d[k] not in (None, "", 0, False)]
+                            "wrong_task_id", "epoch_roll", "forget_before_ttl",
+                            "foreign_task_id", "expire_after_s") if d[k] not in (None, "", 0, False)]
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,4 +90,15 @@ def series_plan(*, seed: int, index: int, arrival_per_s: float) -> SeriesPlan:
         replay_input=input_after is not None and rng.random() < P_REPLAY_INPUT,
         result_fault=result_fault, stale_after_terminal=rng.random() < P_STALE,
         wrong_task_id=rng.random() < P_WRONG_ID,
+        epoch_roll=rng.random() < P_EPOCH_ROLL, forget_before_ttl=rng.random() < P_FORGET,
+        foreign_task_id=rng.random() < P_FOREIGN_ID,
+        expire_after_s=_short_ttl(rng, input_after),
     )
+
+
+def _short_ttl(rng: random.Random, input_after: float | None) -> float | None:
+    # Drawn in every plan (even when unused) so later draws stay put when probabilities change.
+    u, after = rng.random(), rng.uniform(0.5, 12.0)
+    # 0.5 to 12 s after the work ends, against 3 s polls: some rows see the terminal state and
+    # fetch in time, some poll only after expiry (404 with no receipt: UNKNOWN, the queue).
+    return after if u < P_SHORT_TTL and input_after is None else None

@@ -16,13 +16,11 @@ from __future__ import annotations
 import hashlib
 import heapq
 import math
-import queue
 import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from django import db
 from django.utils import timezone
 
 from adapters.mcp_tasks_2025 import McpTasks2025Adapter
@@ -40,7 +38,9 @@ from toolops.services.observe import operation_poll
 from toolops.services.servers import _tools_table
 from toolops.services.submit import operation_submit
 from toolops.simulation.clock import VirtualClock, virtual_time
+from toolops.simulation.faults_extra import ExtraFaults
 from toolops.simulation.plan import SeriesPlan, series_plan
+from toolops.simulation.pool import PollPool
 from toolops.simulation.server import EPOCH, TOOL, SimServer, SimTransport
 
 # Load shape: series arrive at ARRIVAL_PER_SERVER_S per server, each server capped at SERVER_QPS
@@ -60,7 +60,8 @@ SETTLE_LIMIT_S = 5400.0  # beyond the input deadline (1 h) and the UNKNOWN deadl
 MIN_STEP_S = 0.1
 # An operator retries an undelivered answer this many times (once per sweep) before giving up.
 ANSWER_RETRIES = 30
-NOT_SETTLING = frozenset(OPEN - {State.RECONCILIATION_REQUIRED})
+# Longer than any series runs (SETTLE_LIMIT_S): only the short-ttl fault sees an expiry.
+DEFAULT_TTL_MS = 3_600_000
 
 
 @dataclass
@@ -85,50 +86,18 @@ class SimResult:
 
     @property
     def passed(self) -> bool:
-        return self.gate.passed and not self.failing and self.server_peak_over_qps <= 1.0
+        return (self.gate.passed and not self.failing and self.server_peak_over_qps <= 1.0
+                and self.server_peak_requests_over_qps <= 1.0)
 
     def replay_command(self, index: int) -> str:
         return (f"python manage.py toolops simulate --series {self.series} --seed {self.seed} "
                 f"--only {index}")
 
 
-class _Pool:
-    """Worker threads for one tick's claimed rows (each thread has its own DB connection).
-
-    With more than one worker, rows polled in the same tick run concurrently, as in a fleet: the
-    order inside a tick is then the scheduler's, not the seed's, so a full run is reproducible in
-    its plans and verdicts but not call for call; `--only` (one series) is always sequential.
-    """
-
-    def __init__(self, *, workers: int, fn: Any) -> None:
-        self.fn = fn
-        self.jobs: queue.Queue[uuid.UUID | None] = queue.Queue()
-        self.threads = [threading.Thread(target=self._work, daemon=True, name=f"sim-worker-{n}")
-                        for n in range(workers)]
-        for t in self.threads:
-            t.start()
-
-    def _work(self) -> None:
-        try:
-            while (op_id := self.jobs.get()) is not None:
-                try:
-                    self.fn(op_id)
-                finally:
-                    self.jobs.task_done()
-            self.jobs.task_done()
-        finally:
-            db.connection.close()
-
-    def run(self, ids: list[uuid.UUID]) -> None:
-        for op_id in ids:
-            self.jobs.put(op_id)
-        self.jobs.join()
-
-    def close(self) -> None:
-        for _ in self.threads:
-            self.jobs.put(None)
-        for t in self.threads:
-            t.join()
+def _ttl_ms(plan: SeriesPlan) -> int:
+    if plan.expire_after_s is None:
+        return DEFAULT_TTL_MS
+    return int((plan.work_s + plan.expire_after_s) * 1000)
 
 
 def _key(tag: str, index: int, attempt: int) -> str:
@@ -156,8 +125,10 @@ class _Run:
         self.answer_errors: dict[int, int] = {}
         self.polls = 0
         self.servers: list[ToolServer] = []
-        self.pool: _Pool | None = _Pool(workers=workers, fn=self.poll_one) if workers > 1 else None
+        self.pool: PollPool | None = PollPool(workers=workers, fn=self.poll_one) if workers > 1 else None
         self.transports: dict[int, SimTransport] = {}
+        self.polling = threading.local()  # set while this thread runs a dispatcher poll
+        self.extra = ExtraFaults(self)  # epoch roll, forgotten task, the reconciling operator
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -193,7 +164,7 @@ class _Run:
         try:
             op = operation_submit(server_name=sim.name, tool_name=TOOL,
                                   call_node_id=f"{self.tag}-{plan.index}",
-                                  arguments={"series": plan.index}, ttl_ms=3_600_000,
+                                  arguments={"series": plan.index}, ttl_ms=_ttl_ms(plan),
                                   submission_key=key)
             op_id = op.id
         except (ToolopsError, LedgerError) as exc:
@@ -220,7 +191,10 @@ class _Run:
         input_rounds_expire_due()
         server_ids = [s.pk for s in self.servers]
         next_answer: float | None = None
+        # Only rows waiting for input: a round left open on a row that went to the queue is not
+        # answerable (the operator settles the row there instead).
         rounds = InputRequest.objects.filter(status=InputRequest.Status.OPEN,
+                                             operation__state=State.INPUT_REQUIRED,
                                              operation__server_id__in=server_ids).values_list(
             "id", "operation_id", "round", "schema_digest", "created_at")
         for ir_id, op_id, rnd, digest, created in sorted(rounds, key=lambda r: r[0]):
@@ -248,15 +222,19 @@ class _Run:
             index = self.op_index[op_id]
             if self.attempts.get(index, 0) < 3:
                 self.submit(self.plans[index])  # proven never created: a new attempt, a new key
-        return next_answer
+        return min((t for t in (next_answer, self.extra.operator_sweep(now_s)) if t is not None),
+                   default=None)
 
     def poll_one(self, op_id: uuid.UUID) -> None:
+        self.polling.active = True  # SimServer.may_roll: this thread's requests are a poll's
         try:
             operation_poll(operation_id=op_id, lease_owner="sim-dispatcher")
         except Exception as exc:  # a crash is a finding: record it on the series, go on
             index = self.op_index.get(op_id)
             if index is not None:
                 self.outcomes[index].errors.append(f"poll crashed: {type(exc).__name__}: {exc}")
+        finally:
+            self.polling.active = False
 
     def dispatch(self) -> int:
         ids = sorted(operations_claim_due(owner="sim-dispatcher"),
@@ -270,7 +248,7 @@ class _Run:
         return len(ids)
 
     def open_rows(self) -> int:
-        return Operation.objects.filter(server__in=self.servers, state__in=NOT_SETTLING).count()
+        return Operation.objects.filter(server__in=self.servers, state__in=OPEN).count()
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -328,7 +306,7 @@ class _Run:
         receipts = {key: (state, status) for _id, key, state, status in rows}
         failing: dict[int, list[str]] = {}
         for index, outcome in self.outcomes.items():
-            problems = list(outcome.errors)
+            problems = list(outcome.errors) + self.extra.problems(self.plans[index], outcome.keys)
             got = [receipts[k][1] for k in outcome.keys if k in receipts and receipts[k][1]]
             if len(got) > 1:
                 problems.append(f"{len(got)} receipts for one call node")
@@ -376,14 +354,15 @@ def simulate(*, series: int, seed: int, only: int | None = None,
         adapters_close_all()
         qps_bucket_replace(None)
     # The server's own count, beside the bucket's (the gate figure): polls (tasks/get) per virtual
-    # second against the cap, and every request for information. They can differ: one token may
-    # cover two requests (the fencing key lookup is a POST and then a tasks/get).
+    # second against the cap, and every request of any kind; both must stay within it (each HTTP
+    # request spends its own token: toolops.services.connections.server_request_gate).
     peak = max((max(s.polls_per_second.values(), default=0) for s in run.sims), default=0)
     peak_all = max((max(s.requests_per_second.values(), default=0) for s in run.sims), default=0)
     faults: dict[str, int] = {}
     for plan in run.plans.values():
         for name in plan.faults():
             faults[name] = faults.get(name, 0) + 1
+    faults.update(run.extra.summary())
     return SimResult(seed=seed, series=series, only=only, virtual_seconds=round(run.clock.now_s(), 3),
                      gate=gate, server_peak_over_qps=round(peak / SERVER_QPS, 4),
                      server_peak_requests_over_qps=round(peak_all / SERVER_QPS, 4), failing=failing,

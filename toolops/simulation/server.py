@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -51,6 +51,7 @@ class SimTask:
     # Fault counters: each fault fires a bounded number of times.
     fired: dict[str, int] = field(default_factory=dict)
     reported_terminal: bool = False
+    forgotten: bool = False  # the forget_before_ttl fault fired: 404 for good, truth kept
 
     def fire(self, name: str, times: int = 1) -> bool:
         n = self.fired.get(name, 0)
@@ -86,6 +87,13 @@ class SimServer:
         self._seq = 0
         # Test hook: keys whose ground truth this server misreports (a lying server).
         self.lie_about = lie_about
+        # Called (outside the lock) with a submission key while a tasks/get answer for that task
+        # is in flight: the runner rolls the row's epoch there (the epoch_roll fault).
+        self.on_answer_in_flight: Callable[[str], None] | None = None
+        # Whether the request being answered is a dispatcher poll (the runner knows, per thread):
+        # the roll models a worker of the old epoch holding an observation, nothing else.
+        self.may_roll: Callable[[], bool] = lambda: False
+        self._in_flight = threading.local()
 
     # -- ground truth ------------------------------------------------------------------
 
@@ -106,14 +114,22 @@ class SimServer:
             task.status = plan.outcome
             task.updated = task.finish_at
 
-    def truth(self) -> dict[str, str]:
-        """submission key -> the terminal status a receipt must carry."""
+    def truth(self, *, as_reported: bool = False, keys: Iterable[str] | None = None) -> dict[str, str]:
+        """submission key -> the terminal status a receipt must carry.
+
+        `as_reported`: what the server itself shows (its console, for the simulated operator);
+        it differs from the truth only for keys this server lies about. `keys`: only these (the
+        operator looks up a few items every virtual second; all 10,000 would dominate the run)."""
         with self.lock:
             out = {}
-            for task in self.tasks.values():
+            if keys is None:
+                tasks: Iterable[SimTask] = self.tasks.values()
+            else:
+                tasks = [self.tasks[self.by_key[k]] for k in keys if k in self.by_key]
+            for task in tasks:
                 self._advance(task)
                 status = "cancelled" if task.cancel_confirmed else task.status
-                if task.key in self.lie_about and status in TERMINAL:
+                if task.key in self.lie_about and status in TERMINAL and not as_reported:
                     status = "failed" if status == "completed" else "completed"
                 out[task.key] = status
             return out
@@ -134,9 +150,19 @@ class SimServer:
         if task is None or self._expired(task):
             return None
         self._advance(task)
-        return task
+        if task.plan.forget_before_ttl and task.status in TERMINAL and not task.reported_terminal:
+            task.forgotten = True  # finished, then forgotten well before its ttl
+        return None if task.forgotten else task
 
     def handle(self, request: httpx.Request) -> httpx.Response:
+        self._in_flight.key = None
+        response = self._handle(request)
+        key, self._in_flight.key = self._in_flight.key, None
+        if key is not None and self.on_answer_in_flight is not None:
+            self.on_answer_in_flight(key)  # the answer is built, not yet read by the adapter
+        return response
+
+    def _handle(self, request: httpx.Request) -> httpx.Response:
         now = self.clock()
         with self.lock:
             self.requests_per_second[int(now)] += 1
@@ -203,6 +229,13 @@ class SimServer:
             return httpx.Response(plan.throttle, headers={"retry-after": "1"}, json={})
         if plan.wrong_task_id and task.fire("wrong_id"):
             return _ok(rid, self._task_json(task, task_id=task.task_id + "-other"))
+        if plan.foreign_task_id and task.fire("foreign_id"):
+            # A terminal answer naming a task of another server's session: nothing may advance.
+            return _ok(rid, self._task_json(task, status="completed",
+                                            task_id=f"{self.name}-peer-t{self._seq}"))
+        if plan.epoch_roll and task.status == "working" and self.may_roll() \
+                and task.fire("epoch_roll"):
+            self._in_flight.key = task.key
         if plan.stale_after_terminal and task.status in TERMINAL and task.reported_terminal \
                 and task.fire("stale"):
             return _ok(rid, self._task_json(task, status="working"))  # an out-of-order answer
@@ -267,7 +300,8 @@ class SimServer:
         return _ok(rid, self._task_json(task))
 
     def _m_tasks_list(self, rid: Any, params: dict[str, Any]) -> httpx.Response:
-        return _ok(rid, {"tasks": [self._task_json(t) for t in self.tasks.values() if not self._expired(t)]})
+        return _ok(rid, {"tasks": [self._task_json(t) for t in self.tasks.values()
+                                     if not self._expired(t) and not t.forgotten]})
 
     def _lookup(self, body: dict[str, Any]) -> httpx.Response:
         key = str(body.get("key"))
