@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -18,6 +19,7 @@ from ledger.states import State
 from toolops.runner import run_embedded
 from toolops.services.connections import adapter_for_server
 from toolops.services.dispatch import operations_claim_due
+from toolops.services.executors import operation_refuse_stale
 from toolops.services.inputs import (
     InputAnswerRefused,
     input_rounds_expire_due,
@@ -25,6 +27,7 @@ from toolops.services.inputs import (
     operation_answer_input,
     operation_open_input_round,
 )
+from toolops.services.rollout import operation_hand_over_locked
 from toolops.services.servers import server_add
 from toolops.services.submit import operation_submit
 
@@ -144,6 +147,36 @@ def test_input_required_replayed_twice_opens_one_round(server: ToolServer) -> No
     op.refresh_from_db()
     assert op.state == State.ACCEPTED
     assert _kinds(op).count("input_required_no_new_round") == 2
+
+
+def test_a_replayed_input_required_read_by_a_worker_of_an_old_epoch_writes_nothing(
+        server: ToolServer) -> None:
+    """The row is handed to the other executor while a worker reads a replayed input request:
+    that worker must not note anything (found by the 10,000-series simulation)."""
+    op = _ask(server, "i-stale-epoch")
+    first = _round(op, 1)
+    seen_input_required = adapter_for_server(server=server).get(remote_id=op.remote_id)
+    assert _answer(op, 1, "teal") == "delivered"
+    adapter_for_server(server=server).pending_server_requests.append(ServerRequest(
+        request_id=json.loads(first.server_request_id), method=first.method, params=first.params,
+        related_task_id=op.remote_id))
+    Operation.objects.filter(id=op.id).update(next_poll_at=timezone.now())
+    assert operations_claim_due(owner="old-epoch") == [op.id]
+    op.refresh_from_db()
+    with transaction.atomic():
+        operation_hand_over_locked(op=Operation.objects.select_for_update().get(id=op.id),
+                                   to_path="legacy", reason="rollback mid-read", actor="t",
+                                   now=timezone.now())
+    kinds_before = _kinds(op)
+    outcome = operation_open_input_round(op=op, lease_owner="old-epoch", task=seen_input_required,
+                                         fields={}, data={"status": "input_required"})
+    assert outcome == "stale"
+    assert _kinds(op) == kinds_before  # no note, no round, no state
+    assert InputRequest.objects.filter(operation=op).count() == 1
+    # Through operation_poll the same outcome is recorded as the epoch refusal it is.
+    assert operation_refuse_stale(operation_id=op.id, claimed_epoch=op.execution_epoch,
+                                  lease_owner="old-epoch", source="poll")
+    assert _kinds(op)[-1] == "stale_epoch_refused"
 
 
 def test_two_rounds_in_one_task(server: ToolServer) -> None:

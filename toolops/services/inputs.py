@@ -96,14 +96,20 @@ def operation_open_input_round(
     with transaction.atomic():
         # Lock order: the operation row, then its input rows.
         locked = Operation.objects.select_for_update().get(id=op.id)
+        if locked.lease_owner != lease_owner or locked.execution_epoch != op.execution_epoch:
+            # A stale worker (lease lost, or the row handed to the other executor during the
+            # read): it writes nothing, not even a note, since an event stamped with the row's
+            # current epoch would be a lie. operation_poll records an epoch refusal.
+            return "stale"
         fresh = [r for r in requests if not InputRequest.objects.filter(
             operation_id=op.id, server_request_id=_request_key(r.request_id)).exists()]
-        if locked.state != State.WORKING or locked.lease_owner != lease_owner:
-            fresh = []  # stale worker: whoever owns the row now decides
+        if locked.state != State.WORKING:
+            fresh = []  # moved on (a cancel) under our lease: release it, the status decides
         if not fresh:
             # Nothing new: a replayed `input_required` for an answered round, or the request is not
             # there yet, or the task ended during the read. Keep polling; the status decides.
-            Operation.objects.filter(id=op.id, lease_owner=lease_owner).update(
+            Operation.objects.filter(id=op.id, lease_owner=lease_owner,
+                                     execution_epoch=op.execution_epoch).update(
                 **RELEASE, next_poll_at=timezone.now() + timedelta(
                     seconds=float(settings.TOOLOPS_POLL_FLOOR_SECONDS)),
                 server_state=task.status,
