@@ -226,3 +226,29 @@ class FaultTransport(httpx.BaseTransport):
 
     def close(self) -> None:
         self._inner.close()
+
+
+class DropToolsCall(httpx.BaseTransport):
+    """Fault proxy for tools/call: `forward=True` lets the server act and then loses the answer;
+    `forward=False` loses the request itself. Every other request passes through untouched."""
+
+    def __init__(self, *, forward: bool, times: int = 1) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.forward = forward
+        self.remaining = times
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        body = request.read()
+        is_call = (request.method == "POST" and body[:1] == b"{"
+                   and json.loads(body).get("method") == "tools/call")
+        if is_call and self.remaining > 0:
+            self.remaining -= 1
+            if self.forward:
+                response = self.inner.handle_request(request)
+                response.read()  # the server has answered: the task exists
+                response.close()
+            raise httpx.ReadTimeout("fault proxy dropped the tools/call answer", request=request)
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()

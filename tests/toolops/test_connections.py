@@ -22,6 +22,7 @@ import pytest
 from adapters import adapter_for
 from ledger.models import Operation, OperationEvent, ToolServer
 from ledger.states import State
+from tests.peers.fault_transport import DropToolsCall
 from tests.peers.launch import peer_stats, running_reference_server
 from toolops.qps import qps_bucket, server_bucket_key
 from toolops.runner import run_embedded
@@ -39,14 +40,12 @@ MIN_GAP_S = 0.8 / RATE
 
 
 class RecordingTransport(httpx.BaseTransport):
-    """Forwards to the real server and records each request (label, send time).
+    """Records each request (label, send time), then hands it to `inner` (the real server, or a
+    fault proxy in front of it)."""
 
-    `lose_create`: the first tools/call reaches the server, but its answer is dropped."""
-
-    def __init__(self, *, lose_create: bool = False) -> None:
-        self.inner = httpx.HTTPTransport()
+    def __init__(self, inner: httpx.BaseTransport | None = None) -> None:
+        self.inner = inner or httpx.HTTPTransport()
         self.sent: list[tuple[str, float]] = []
-        self.lose_create = lose_create
         self._lock = threading.Lock()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -58,14 +57,6 @@ class RecordingTransport(httpx.BaseTransport):
                 label = parsed["method"]
         with self._lock:
             self.sent.append((label, time.monotonic()))
-            lose = self.lose_create and label == "tools/call"
-            if lose:
-                self.lose_create = False
-        if lose:
-            response = self.inner.handle_request(request)
-            response.read()  # the server acted: the task exists, only the answer is lost
-            response.close()
-            raise httpx.ReadTimeout("recording transport lost the tools/call answer", request=request)
         return self.inner.handle_request(request)
 
     def close(self) -> None:
@@ -95,7 +86,7 @@ def _server(url: str, *, rate: float) -> ToolServer:
 def test_a_key_lookup_spends_one_token_per_request(
     coop_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    transport = RecordingTransport(lose_create=True)
+    transport = RecordingTransport(DropToolsCall(forward=True))  # the create's answer is lost
     _route(monkeypatch, transport)
     server = _server(coop_url, rate=RATE)
     before = peer_stats(coop_url)["tasks_created"]

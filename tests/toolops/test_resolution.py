@@ -7,7 +7,6 @@ before it is forwarded (nothing exists). Every test counts tasks on the server s
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -22,6 +21,7 @@ from adapters.base import KEY_DEDUP_RESEND, KEY_LOOKUP, LIST_SCAN
 from ledger.models import Operation, OperationEvent, ReconciliationItem, ToolServer
 from ledger.services.transitions import operation_transition
 from ledger.states import State
+from tests.peers.fault_transport import DropToolsCall
 from tests.peers.launch import peer_lookup, peer_stats, running_reference_server
 from toolops.errors import SubmitRefused
 from toolops.runner import run_embedded
@@ -33,32 +33,6 @@ from toolops.services.servers import server_add
 from toolops.services.submit import operation_submit
 
 pytestmark = pytest.mark.django_db
-
-
-class DropToolsCall(httpx.BaseTransport):
-    """Fault proxy for tools/call: `forward=True` lets the server act and then loses the answer;
-    `forward=False` loses the request itself. Every other request passes through untouched."""
-
-    def __init__(self, *, forward: bool, times: int = 1) -> None:
-        self.inner = httpx.HTTPTransport()
-        self.forward = forward
-        self.remaining = times
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        body = request.read()
-        is_call = (request.method == "POST" and body[:1] == b"{"
-                   and json.loads(body).get("method") == "tools/call")
-        if is_call and self.remaining > 0:
-            self.remaining -= 1
-            if self.forward:
-                response = self.inner.handle_request(request)
-                response.read()  # the server has answered: the task exists
-                response.close()
-            raise httpx.ReadTimeout("fault proxy dropped the tools/call answer", request=request)
-        return self.inner.handle_request(request)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 @pytest.fixture(scope="module")
