@@ -6,12 +6,24 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.peers.fault_transport import FaultTransport
 from tests.peers.launch import running_reference_server
 from tests.peers.launch_aip import running_aip_server
 from tests.peers.launch_ext import running_ext_server
+from toolops.services.connections import connections_use_transport
 
 # ext_server / aip_server rows for the lifecycle matrices (tests/toolops/test_lifecycle_matrix*.py).
 pytest_plugins = ["tests.toolops.conftest_lifecycle"]
+
+
+@pytest.fixture
+def faults() -> Iterator[FaultTransport]:
+    """Every adapter the executor builds talks through one scriptable fault-injecting transport."""
+    transport = FaultTransport()
+    connections_use_transport(lambda _server: transport)
+    yield transport
+    connections_use_transport(None)
+    transport.close()
 
 
 @pytest.fixture(scope="session")

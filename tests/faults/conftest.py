@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import pytest
@@ -20,21 +20,12 @@ from ledger.states import State
 from tests.peers.fault_transport import FaultTransport
 from tests.peers.launch import peer_stats
 from toolops.runner import run_embedded
-from toolops.services.connections import adapter_for_server, connections_use_transport
+from toolops.services.connections import adapter_for_server
 from toolops.services.dispatch import operations_claim_due
 from toolops.services.servers import server_add
 from toolops.services.submit import operation_submit
 
 UNKNOWN_STATES = (State.SUBMISSION_UNKNOWN, State.RECONCILIATION_REQUIRED)
-
-
-@pytest.fixture
-def faults() -> Iterator[FaultTransport]:
-    transport = FaultTransport()
-    connections_use_transport(lambda _server: transport)
-    yield transport
-    connections_use_transport(None)
-    transport.close()
 
 
 def server_for(url: str, name: str = "ref") -> ToolServer:

@@ -222,12 +222,8 @@ def test_a_late_working_answer_never_regresses_a_terminal_state(
 
 
 @pytest.fixture
-def pushing() -> Iterator[FaultTransport]:
-    transport = FaultTransport()
-    connections_use_transport(lambda _server: transport)
-    yield transport
-    connections_use_transport(None)
-    transport.close()
+def pushing(faults: FaultTransport) -> FaultTransport:
+    return faults  # the shared fault transport (tests/conftest.py), named for what it does here
 
 
 def test_a_pushed_status_polls_sooner_but_is_never_a_terminal_fact(

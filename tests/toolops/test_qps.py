@@ -9,7 +9,6 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from django.utils import timezone
@@ -18,7 +17,7 @@ from ledger.models import Operation, OperationEvent, ToolServer
 from ledger.states import State
 from tests.peers.fault_transport import FaultTransport
 from toolops.qps import LocalTokenBucket, RedisTokenBucket, TokenBucket, qps_bucket, server_bucket_key
-from toolops.services.connections import connections_use_transport, server_token_take
+from toolops.services.connections import server_token_take
 from toolops.services.dispatch import operations_claim_due
 from toolops.services.observe import operation_poll
 from toolops.services.servers import server_add
@@ -110,15 +109,6 @@ def test_a_refusal_names_when_the_next_token_comes() -> None:
 
 
 # -- the executor under a refused token ---------------------------------------------------------
-
-@pytest.fixture
-def faults() -> Iterator[FaultTransport]:
-    transport = FaultTransport()
-    connections_use_transport(lambda _server: transport)
-    yield transport
-    connections_use_transport(None)
-    transport.close()
-
 
 @pytest.fixture
 def slow_server(mcp_url: str, faults: FaultTransport) -> ToolServer:

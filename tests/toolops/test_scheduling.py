@@ -5,7 +5,6 @@ front of the reference SDK peer (tests/peers/fault_transport.py)."""
 from __future__ import annotations
 
 import email.utils
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
@@ -23,7 +22,6 @@ from toolops.scheduling import (
     poll_deadline_reason,
     poll_delay_seconds,
 )
-from toolops.services.connections import connections_use_transport
 from toolops.services.dispatch import operations_claim_due
 from toolops.services.observe import operation_poll
 from toolops.services.servers import server_add
@@ -101,15 +99,6 @@ def test_deadline_reason_tells_budget_from_expiry(settings) -> None:
 
 # -- over real HTTP --------------------------------------------------------------------------------
 
-
-
-@pytest.fixture
-def faults() -> Iterator[FaultTransport]:
-    transport = FaultTransport()
-    connections_use_transport(lambda _server: transport)
-    yield transport
-    connections_use_transport(None)
-    transport.close()
 
 
 @pytest.fixture
