@@ -24,6 +24,7 @@ from ledger.models import (
     ToolServer,
 )
 from ledger.states import State
+from tests.concurrency import poll_in_thread
 from tests.faults.conftest import (
     assert_invariants,
     claim_now,
@@ -44,18 +45,6 @@ from toolops.services.observe import operation_poll
 def coop_url() -> Iterator[str]:
     with running_reference_server(cooperating="full", poll_interval_ms=100) as url:
         yield url
-
-
-def _poll_in_thread(op: Operation, owner: str, out: list[str]) -> threading.Thread:
-    def run() -> None:
-        try:
-            out.append(operation_poll(operation_id=op.id, lease_owner=owner))
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
 
 
 def _status(status: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -102,7 +91,7 @@ def test_case2_two_pollers_return_out_of_order(faults: FaultTransport, server: T
     hold = faults.script(Rule(action="hold", method="tasks/get", task_id=op.remote_id))
     out: list[str] = []
     claim_now(op, "w")
-    old = _poll_in_thread(op, "w", out)
+    old = poll_in_thread(op, "w", out)
     try:
         assert hold.wait_held()
         # The same worker's lease ran out; it claims the row again and polls: a newer answer.
@@ -169,7 +158,7 @@ def test_case4_completion_and_cancel_at_the_same_time(faults: FaultTransport, se
     polled: list[str] = []
     cancelled: list[str] = []
     claim_now(op, "p")
-    poller = _poll_in_thread(op, "p", polled)
+    poller = poll_in_thread(op, "p", polled)
 
     def cancel() -> None:
         try:
@@ -213,7 +202,7 @@ def test_case5_cancel_ack_lost_then_a_late_completion(faults: FaultTransport, se
                               rewrite=_status("completed")))
     polled: list[str] = []
     claim_now(op, "stale")
-    poller = _poll_in_thread(op, "stale", polled)
+    poller = poll_in_thread(op, "stale", polled)
     try:
         assert late.wait_held()
         # ... while the cancel reaches the server, which cancels; its answer is lost.

@@ -4,19 +4,18 @@ same five invariants (conftest.assert_invariants)."""
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from adapters import NotFoundError, adapter_for
 from ledger.models import Operation, ReconciliationItem, TerminalReceipt, ToolServer
 from ledger.states import State
+from tests.concurrency import poll_in_thread
 from tests.faults.conftest import (
     assert_invariants,
     claim_now,
@@ -83,15 +82,7 @@ def test_case7_observation_from_an_old_execution_epoch(
     Operation.objects.filter(id=op.id).update(next_poll_at=timezone.now())
     assert executor_claim_due(path="tasks", owner=owner) == [op.id]
     out: list[str] = []
-
-    def old_worker() -> None:
-        try:
-            out.append(operation_poll(operation_id=op.id, lease_owner=owner))
-        finally:
-            connection.close()
-
-    worker = threading.Thread(target=old_worker)
-    worker.start()
+    worker = poll_in_thread(op, owner, out)  # the epoch-1 worker
     try:
         assert hold.wait_held()  # the epoch-1 worker holds "completed"
         rollout_move(to_path="legacy", reason="fault case 7", actor="test", server_name=server.name)

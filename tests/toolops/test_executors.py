@@ -15,6 +15,7 @@ from ledger.errors import AcceptanceRefused
 from ledger.models import Operation, OperationEvent, TerminalReceipt, ToolServer
 from ledger.services.acceptance import operation_accept_terminal
 from ledger.states import State
+from tests.concurrency import poll_in_thread
 from tests.ledger.factories import OperationFactory
 from toolops.services.executors import (
     executor_claim_due,
@@ -144,17 +145,10 @@ def test_worker_caught_mid_poll_by_an_epoch_bump_writes_nothing(server: ToolServ
         finally:
             connection.close()
 
-    def worker() -> None:
-        try:
-            outcome.append(operation_poll(operation_id=op.id, lease_owner=owner))
-        finally:
-            connection.close()
-
     bumper = threading.Thread(target=hold_and_bump)
     bumper.start()
     assert locked.wait(10)
-    w = threading.Thread(target=worker)
-    w.start()
+    w = poll_in_thread(op, owner, outcome)
     # Wait until the worker's guarded UPDATE is queued behind the lock (pg_locks shows it).
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
