@@ -1,15 +1,22 @@
-"""Celery tasks: thin, ids only; each reloads its row and re-checks lease and epoch in the service."""
+"""Celery tasks: thin, ids only; each reloads its row and re-checks lease and epoch in the service.
+
+The poll task runs its row inside the per-row error boundary (toolops.services.boundary): a crash
+is recorded on the row and the row rescheduled or queued, never left to the broker's redelivery.
+"""
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 from celery import shared_task
 
+from toolops.services.boundary import exception_redacted, operation_poll_guarded
 from toolops.services.dispatch import operations_dispatch_due
 from toolops.services.inputs import input_rounds_expire_due
-from toolops.services.observe import operation_poll
 from toolops.services.outbox import outbox_relay
+
+logger = logging.getLogger("toolops.tasks")
 
 
 def _enqueue_poll(operation_id: uuid.UUID, lease_owner: str) -> None:
@@ -18,13 +25,16 @@ def _enqueue_poll(operation_id: uuid.UUID, lease_owner: str) -> None:
 
 @shared_task(name="toolops.dispatch_due", ignore_result=True)
 def dispatch_due() -> int:
-    input_rounds_expire_due()  # unanswered input deadlines get their recorded outcome
+    try:
+        input_rounds_expire_due()  # unanswered input deadlines get their recorded outcome
+    except Exception as exc:
+        logger.warning("input deadline sweep failed: %s", exception_redacted(exc)["type"])
     return operations_dispatch_due(enqueue=_enqueue_poll)
 
 
 @shared_task(name="toolops.poll_operation", ignore_result=True, acks_late=True)
 def poll_operation(operation_id: str, lease_owner: str) -> str:
-    return operation_poll(operation_id=uuid.UUID(operation_id), lease_owner=lease_owner)
+    return operation_poll_guarded(operation_id=uuid.UUID(operation_id), lease_owner=lease_owner)
 
 
 @shared_task(name="toolops.relay_outbox", ignore_result=True)

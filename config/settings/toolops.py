@@ -35,6 +35,15 @@ TOOLOPS_SUBMISSION_RESOLUTION_SECONDS = env_float("TOOLOPS_SUBMISSION_RESOLUTION
 # The cap keeps a recovered server from waiting minutes for its first poll.
 TOOLOPS_BACKOFF_BASE_SECONDS = env_float("TOOLOPS_BACKOFF_BASE_SECONDS", 1.0)
 TOOLOPS_BACKOFF_CAP_SECONDS = env_float("TOOLOPS_BACKOFF_CAP_SECONDS", 60.0)
+# The per-row error boundary (toolops/services/boundary.py): a row whose poll cycle crashes this
+# many times in a row (a bug, a database error on its data) goes to the reconciliation queue
+# with reason `executor_error` instead of being retried forever. Five is enough to ride out a
+# short database blip (each crash backs off like a failed call) and small enough that a poison
+# row reaches an operator within minutes.
+TOOLOPS_EXECUTOR_MAX_CRASHES = env_int("TOOLOPS_EXECUTOR_MAX_CRASHES", 5)
+# Writes that must not be lost to a database blip (a crash record, a tools/call reply carrying
+# a remote id) are retried this many times, with the connection reopened between tries.
+TOOLOPS_DB_WRITE_RETRIES = env_int("TOOLOPS_DB_WRITE_RETRIES", 4)
 # QPS buckets: "redis" (fleet; shared by every worker) or "local" (embedded, one process). Empty
 # picks by database: SQLite means embedded. The Redis URL defaults to the broker's.
 TOOLOPS_QPS_BACKEND = env_str("TOOLOPS_QPS_BACKEND", "")

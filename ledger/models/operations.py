@@ -10,6 +10,16 @@ from django.db.models import Q
 from ledger.models.servers import ToolServer
 from ledger.states import State, TerminalStatus
 
+# States in which a row is polled or resolved by the executor (the dispatcher's CLAIMABLE set,
+# toolops.services.dispatch). A row in one of them is always either due (`next_poll_at`) or
+# leased (`lease_expires_at`; an expired lease is re-claimed): constraint op_open_row_scheduled.
+# The other open states wait on someone else: INPUT_REQUIRED on its input round,
+# RECONCILIATION_REQUIRED on its queue item (the gate checks those two, a CHECK cannot).
+SCHEDULED_STATES = (
+    State.SUBMITTING, State.SUBMISSION_UNKNOWN, State.WORKING, State.CANCEL_REQUESTED,
+    State.TERMINAL_OBSERVED, State.FETCHING_RESULT,
+)
+
 
 class Operation(models.Model):
     """One operation attempt of a call node: the ledger row every flow guards."""
@@ -74,6 +84,9 @@ class Operation(models.Model):
             models.Index(fields=["next_poll_at"], name="op_next_poll_idx",
                          condition=Q(next_poll_at__isnull=False)),
             models.Index(fields=["state"], name="op_state_idx"),
+            # The claim's second branch: leases that ran out on rows with no next poll time.
+            models.Index(fields=["lease_expires_at"], name="op_lease_unscheduled_idx",
+                         condition=Q(next_poll_at__isnull=True, lease_expires_at__isnull=False)),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(execution_epoch__gte=1), name="op_epoch_positive"),
@@ -93,6 +106,16 @@ class Operation(models.Model):
             # A shadow row always names the legacy row it shadows.
             models.CheckConstraint(condition=Q(shadow=False) | Q(shadow_of__isnull=False),
                                    name="op_shadow_has_legacy"),
+            # No stranded row: a row the executor works on is due or leased at every commit.
+            models.CheckConstraint(
+                condition=~Q(state__in=[s.value for s in SCHEDULED_STATES])
+                | Q(next_poll_at__isnull=False) | Q(lease_expires_at__isnull=False),
+                name="op_open_row_scheduled",
+            ),
+            # One remote task, one operation: a server's task id is claimed by one row only; a
+            # second row that is handed the same id goes to the reconciliation queue instead.
+            models.UniqueConstraint(fields=["server", "remote_id"], condition=~Q(remote_id=""),
+                                    name="op_one_operation_per_remote_task"),
         ]
 
     def __str__(self) -> str:

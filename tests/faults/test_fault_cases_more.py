@@ -187,7 +187,8 @@ def test_case9_404_before_expiry(faults: FaultTransport, server: ToolServer, mcp
 def test_case9_404_after_expiry(faults: FaultTransport, server: ToolServer, mcp_url: str) -> None:
     op = submit(server, seconds=0.1, value="c9-late", ttl_ms=1000)
     # Nobody looked in time (workers down); our own budget was still open.
-    Operation.objects.filter(id=op.id).update(next_poll_at=None,
+    # (Not polled for a day, rather than unscheduled: op_open_row_scheduled forbids that.)
+    Operation.objects.filter(id=op.id).update(next_poll_at=timezone.now() + timedelta(days=1),
                                               expires_at=timezone.now() + timedelta(hours=1))
     adapter = adapter_for_server(server=server)
     deadline = time.monotonic() + 30

@@ -11,9 +11,17 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from ledger.models import Operation, OperationEvent, OutboxEvent, TerminalReceipt
+from ledger.models import (
+    InputRequest,
+    Operation,
+    OperationEvent,
+    OutboxEvent,
+    ReconciliationItem,
+    TerminalReceipt,
+)
 from ledger.states import State
 from tests.ledger.factories import OperationFactory, ToolServerFactory
 from toolops.qps import LocalTokenBucket, qps_bucket_replace, server_bucket_key
@@ -65,7 +73,7 @@ def test_clean_ledger_passes_every_figure() -> None:
     _accepted(OperationFactory(), status="completed", seen="completed")
     report = gate_report()
     assert report.passed, report.as_dict()
-    assert len(report.figures) == 6
+    assert len(report.figures) == 8
     assert report.figure("outbox_traceable_share").value == 1.0
 
 
@@ -96,9 +104,12 @@ def test_duplicate_operations_shared_remote_id_and_peer_counts() -> None:
     a = OperationFactory(server=server, remote_id="t-1")
     assert gate_report().figure("duplicate_operations").passed
     assert not gate_report(peer_counts={a.submission_key: 2}).figure("duplicate_operations").passed
-    OperationFactory(server=server, remote_id="t-1")
-    fig = gate_report().figure("duplicate_operations")
-    assert (fig.value, fig.passed, fig.detail["shared_remote_ids"]) == (1, False, 1)
+    # A second row with the same (server, remote id) cannot exist any more
+    # (op_one_operation_per_remote_task); the gate figure stays as the backstop for peer counts.
+    with pytest.raises(IntegrityError, match="op_one_operation_per_remote_task"), \
+            transaction.atomic():
+        OperationFactory(server=server, remote_id="t-1")
+    assert gate_report().figure("duplicate_operations").detail["shared_remote_ids"] == 0
 
 
 def test_poll_rate_reads_the_bucket_peak(_local_bucket: LocalTokenBucket) -> None:
@@ -178,7 +189,7 @@ def test_command_exit_codes_and_json() -> None:
     out = StringIO()
     call_command("toolops", "gate", "--json", stdout=out)
     doc = json.loads(out.getvalue())
-    assert doc["passed"] is True and len(doc["figures"]) == 6
+    assert doc["passed"] is True and len(doc["figures"]) == 8
     OutboxEvent.objects.filter(receipt=receipt).update(payload={})
     out, err = StringIO(), StringIO()
     with pytest.raises(SystemExit) as exited:
@@ -202,3 +213,64 @@ def test_sync_replies_and_operator_attestations_count_as_observations() -> None:
            data={"kind": "result", "is_error": False})
     _accepted(lying, status="failed", seen=None)
     assert gate_report().figure("terminal_divergence").value == 1
+
+
+def test_a_polled_row_without_schedule_or_lease_is_refused_by_the_database() -> None:
+    op = OperationFactory()
+    with pytest.raises(IntegrityError, match="op_open_row_scheduled"), transaction.atomic():
+        Operation.objects.filter(pk=op.pk).update(next_poll_at=None, lease_expires_at=None)
+    # Leased without a next poll time is allowed: the claim re-claims the lease once it expires.
+    Operation.objects.filter(pk=op.pk).update(next_poll_at=None, lease_owner="w",
+                                              lease_expires_at=timezone.now())
+    assert gate_report().figure("stranded_open_rows").passed
+
+
+def test_a_row_stranded_on_purpose_fails_the_gate_and_the_command() -> None:
+    due = OperationFactory()
+    waiting = OperationFactory()
+    InputRequest.objects.create(operation=waiting, round=1, server_request_id="r1",
+                                method="elicitation/create", schema_digest="sha256:x",
+                                deadline=timezone.now() + timedelta(hours=1))
+    Operation.objects.filter(pk=waiting.pk).update(state=State.INPUT_REQUIRED, next_poll_at=None)
+    queued = OperationFactory()
+    ReconciliationItem.objects.create(operation=queued, reason="x",
+                                      deadline=timezone.now() + timedelta(hours=1))
+    Operation.objects.filter(pk=queued.pk).update(state=State.RECONCILIATION_REQUIRED,
+                                                  next_poll_at=None)
+    fig = gate_report().figure("stranded_open_rows")
+    assert (fig.value, fig.passed) == (0, True), fig.detail
+    # Stranded: waiting on input with no round to answer, queued with no item.
+    lost_input = OperationFactory()
+    Operation.objects.filter(pk=lost_input.pk).update(state=State.INPUT_REQUIRED, next_poll_at=None)
+    lost_queue = OperationFactory()
+    Operation.objects.filter(pk=lost_queue.pk).update(state=State.RECONCILIATION_REQUIRED,
+                                                      next_poll_at=None)
+    fig = gate_report().figure("stranded_open_rows")
+    assert (fig.value, fig.passed) == (2, False)
+    assert {s["operation_id"] for s in fig.detail["sample"]} == {str(lost_input.pk),
+                                                                  str(lost_queue.pk)}
+    assert str(due.pk) not in json.dumps(fig.detail)
+    out, err = StringIO(), StringIO()
+    with pytest.raises(SystemExit) as exited:
+        call_command("toolops", "gate", "--json", stdout=out, stderr=err)
+    assert exited.value.code == 1
+    doc = json.loads(out.getvalue())
+    assert doc["passed"] is False
+    assert [f["name"] for f in doc["figures"] if not f["passed"]] == ["stranded_open_rows"]
+
+
+def test_oldest_overdue_row_counts_due_rows_and_expired_leases() -> None:
+    OperationFactory(next_poll_at=timezone.now() + timedelta(seconds=30))
+    fig = gate_report().figure("oldest_overdue_row_s")
+    assert fig.passed and fig.value == 0.0
+    # A lease that ran out ten minutes ago and nobody re-claimed it.
+    old = OperationFactory(next_poll_at=None, lease_owner="dead-worker",
+                           lease_expires_at=timezone.now() - timedelta(minutes=10))
+    fig = gate_report().figure("oldest_overdue_row_s")
+    assert not fig.passed and fig.value is not None and fig.value >= 600
+    assert fig.detail["operation_id"] == str(old.pk)
+    Operation.objects.filter(pk=old.pk).update(lease_expires_at=timezone.now() + timedelta(seconds=5))
+    # A due row waiting an hour past its poll time.
+    late = OperationFactory(next_poll_at=timezone.now() - timedelta(hours=1))
+    fig = gate_report().figure("oldest_overdue_row_s")
+    assert not fig.passed and fig.detail["operation_id"] == str(late.pk)

@@ -231,7 +231,8 @@ def test_404_after_expiry_without_receipt_is_unknown(mcp_url: str) -> None:
     before = peer_stats(mcp_url)["tasks_created"]
     op = _submit(server, "gone-late", seconds=0.1, ttl_ms=1000)
     # We did not look in time (e.g. workers down) and our own budget was still open.
-    Operation.objects.filter(id=op.id).update(next_poll_at=None,
+    # (Not polled for a day, rather than unscheduled: op_open_row_scheduled forbids that.)
+    Operation.objects.filter(id=op.id).update(next_poll_at=timezone.now() + timedelta(days=1),
                                               expires_at=timezone.now() + timedelta(hours=1))
     _wait_gone(server, op.remote_id, mcp_url)
     Operation.objects.filter(id=op.id).update(next_poll_at=timezone.now())

@@ -53,7 +53,7 @@ def test_rollback_with_rows_in_flight(server: ToolServer, mcp_url: str) -> None:
     ops = _submit_in_flight(IN_FLIGHT)
     assert {o.executor_path for o in ops} == {"tasks"} and {o.state for o in ops} == {State.WORKING}
     # A tasks-path worker holds leases on the due rows when the rollback lands.
-    Operation.objects.update(next_poll_at=None)
+    Operation.objects.update(next_poll_at="2999-01-01T00:00Z")  # never None: op_open_row_scheduled
     Operation.objects.filter(id__in=[o.id for o in ops]).update(next_poll_at="2000-01-01T00:00Z")
     stale_owner = executor_lease_owner(path="tasks")
     claimed = executor_claim_due(path="tasks", owner=stale_owner)

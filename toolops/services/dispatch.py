@@ -2,7 +2,10 @@
 
 One transaction claims a batch with `SELECT ... FOR UPDATE SKIP LOCKED`, so two dispatchers never
 lease the same row: the second skips rows the first has locked and, after the first commits, sees
-them leased. A worker that dies holding a lease stalls its rows only until the lease expires.
+them leased. A worker that dies holding a lease stalls its rows only until the lease expires:
+an expired lease is claimable whatever the row's `next_poll_at` says (a worker may die between
+two writes of one cycle, holding a lease on a row with no next poll time), so no open row of a
+polled state is ever left without someone to claim it.
 """
 
 from __future__ import annotations
@@ -11,10 +14,12 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import partial
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Min, Q
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from ledger.models import Operation
@@ -25,6 +30,24 @@ from ledger.states import POLLABLE, State
 CLAIMABLE = frozenset(POLLABLE | {State.SUBMITTING, State.SUBMISSION_UNKNOWN})
 
 
+def claimable_now(*, now: datetime) -> Q:
+    """Due and free, or held by a lease that ran out (with or without a next poll time)."""
+    return (
+        Q(state__in=CLAIMABLE)
+        & (Q(next_poll_at__lte=now) | Q(next_poll_at__isnull=True, lease_expires_at__isnull=False))
+        & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
+    )
+
+
+def next_claimable_at(queryset: Any) -> datetime | None:
+    """When the earliest row of `queryset` becomes claimable: its next poll time, or its lease's
+    end when that is later (a leased row is not ours to poll before then)."""
+    return queryset.filter(state__in=CLAIMABLE).filter(
+        Q(next_poll_at__isnull=False) | Q(lease_expires_at__isnull=False)
+    ).aggregate(m=Min(Greatest(Coalesce("next_poll_at", "lease_expires_at"),
+                               Coalesce("lease_expires_at", "next_poll_at"))))["m"]
+
+
 def operations_claim_due(*, owner: str, limit: int | None = None) -> list[uuid.UUID]:
     now = timezone.now()
     batch = limit or int(settings.TOOLOPS_CLAIM_BATCH)
@@ -32,8 +55,7 @@ def operations_claim_due(*, owner: str, limit: int | None = None) -> list[uuid.U
     with transaction.atomic():
         ids = list(
             Operation.objects.select_for_update(skip_locked=True)
-            .filter(state__in=CLAIMABLE, next_poll_at__lte=now)
-            .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
+            .filter(claimable_now(now=now))
             .order_by("next_poll_at")
             .values_list("id", flat=True)[:batch]
         )
@@ -76,8 +98,5 @@ def operations_poll_sooner(*, server_id: int, remote_ids: list[str]) -> int:
 
 
 def operations_next_due_at() -> datetime | None:
-    """The earliest scheduled poll among claimable rows (None when nothing is scheduled)."""
-    return (
-        Operation.objects.filter(state__in=CLAIMABLE, next_poll_at__isnull=False)
-        .aggregate(m=Min("next_poll_at"))["m"]
-    )
+    """When the earliest claimable row becomes claimable (None when nothing is scheduled)."""
+    return next_claimable_at(Operation.objects.all())

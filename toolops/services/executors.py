@@ -16,7 +16,6 @@ the executor of one path never leases the other path's rows.
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -24,12 +23,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Min, Q
+from django.db.models import F
 from django.utils import timezone
 
 from ledger.models import Operation, OperationEvent
 from ledger.services.events import operation_record_event
-from toolops.services.dispatch import CLAIMABLE
+from toolops.services.dispatch import claimable_now, next_claimable_at
 
 LEGACY = "legacy"
 TASKS = "tasks"
@@ -114,8 +113,7 @@ def executor_claim_due(*, path: str, owner: str, limit: int | None = None) -> li
     with transaction.atomic():
         ids = list(
             Operation.objects.select_for_update(skip_locked=True)
-            .filter(executor_path=path, state__in=CLAIMABLE, next_poll_at__lte=now)
-            .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
+            .filter(claimable_now(now=now), executor_path=path)
             .order_by("next_poll_at")
             .values_list("id", flat=True)[:batch]
         )
@@ -135,28 +133,15 @@ class PathRunStats:
 
 
 def executor_run(*, path: str, until_idle: bool, max_seconds: float | None) -> PathRunStats:
-    """The embedded loop of one path's executor (toolops.runner runs both paths at once)."""
-    from toolops.services.observe import operation_poll
+    """The embedded loop of one path's executor (toolops.runner runs both paths at once).
+
+    Each row is polled inside the per-row error boundary (toolops.services.boundary)."""
+    from toolops.services.boundary import executor_loop
 
     owner = executor_lease_owner(path=path)
-    stats = PathRunStats(path=path)
-    started = time.monotonic()
-    while max_seconds is None or time.monotonic() - started < max_seconds:
-        for op_id in executor_claim_due(path=path, owner=owner):
-            outcome = operation_poll(operation_id=op_id, lease_owner=owner).split(":")[0]
-            stats.polls += 1
-            stats.outcomes[outcome] = stats.outcomes.get(outcome, 0) + 1
-        next_due = (
-            Operation.objects.filter(executor_path=path, state__in=CLAIMABLE,
-                                     next_poll_at__isnull=False)
-            .aggregate(m=Min("next_poll_at"))["m"]
-        )
-        if next_due is None:
-            if until_idle:
-                break
-            time.sleep(MAX_IDLE_SLEEP_SECONDS)
-            continue
-        wait = (next_due - timezone.now()).total_seconds()
-        if wait > 0:
-            time.sleep(min(wait, MAX_IDLE_SLEEP_SECONDS))
-    return stats
+    loop = executor_loop(
+        owner=owner, claim=lambda: executor_claim_due(path=path, owner=owner),
+        next_due=lambda: next_claimable_at(Operation.objects.filter(executor_path=path)),
+        until_idle=until_idle, max_seconds=max_seconds,
+    )
+    return PathRunStats(path=path, polls=loop.polls, outcomes=loop.outcomes)

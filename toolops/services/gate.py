@@ -1,4 +1,4 @@
-"""The release gate (issue 7): six figures over the ledger, each with its threshold.
+"""The release gate: eight figures over the ledger, each with its threshold.
 
 One report for the real fleet and for the simulation (toolops/simulation/): both call
 `gate_report`. The simulation can add what only a simulated server knows (its ground truth and
@@ -26,6 +26,15 @@ Figures and why each is computed the way it is:
   open ones up to now), against the 15-minute deadline to resolve it or queue it for an operator.
 - outbox_traceable: share of outbox rows whose receipt names an operation and agrees with it (the
   payload's receipt and operation ids, call node, epoch and status).
+- stranded_open_rows: open rows in none of the four places an open row may be: due or leased (a
+  polled state with `next_poll_at` or a lease; an expired lease is re-claimed), waiting on an
+  input round (INPUT_REQUIRED with a round open, or answered and not yet delivered), or queued (an
+  open reconciliation item). Such a row would never move again; the constraint
+  op_open_row_scheduled rules out the first kind, this figure sees the rest.
+- oldest_overdue_row_s: how long the most overdue due row has waited past the time it became
+  claimable (its next poll time, or its lease's end when that is later). A fleet claims every
+  second, so this stays near zero while anything is claiming; a row overdue by more than the
+  threshold means nobody is (no dispatcher, or a claim query that skips it).
 """
 
 from __future__ import annotations
@@ -36,11 +45,20 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Q
+from django.db.models import Count, Exists, OuterRef, Q
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
-from ledger.models import Operation, OperationEvent, OutboxEvent, TerminalReceipt
-from ledger.states import State, TerminalStatus
+from ledger.models import (
+    InputRequest,
+    Operation,
+    OperationEvent,
+    OutboxEvent,
+    ReconciliationItem,
+    TerminalReceipt,
+)
+from ledger.states import OPEN, State, TerminalStatus
+from toolops.services.dispatch import CLAIMABLE
 from toolops.services.poll_report import poll_report_servers
 
 # The thresholds the issue sets (design.md section 12's release criteria).
@@ -53,6 +71,12 @@ CANCEL_P99_MAX_MS = 60_000.0
 # Every SUBMISSION_UNKNOWN is resolved or queued for an operator within 15 minutes.
 UNKNOWN_MAX_SECONDS = 15 * 60.0
 OUTBOX_TRACEABLE_MIN = 1.0
+# No open row outside due / leased / waiting on input / queued.
+STRANDED_MAX = 0
+# Longest wait past claimability: the lease (30 s by default) plus the backoff cap (60 s) plus
+# the dispatcher's one-second tick is about 90 s in the worst healthy case; five minutes leaves a
+# wide margin for a loaded fleet and still pages well before a wait budget runs out.
+OVERDUE_MAX_SECONDS = 300.0
 
 TERMINAL = frozenset(s.value for s in TerminalStatus)
 
@@ -297,11 +321,48 @@ def _outbox(*, ops: Any) -> GateFigure:
                                             "sample": bad[:10]})
 
 
+def _stranded(*, ops: Any) -> GateFigure:
+    scheduled = Q(state__in=CLAIMABLE) & (Q(next_poll_at__isnull=False)
+                                          | Q(lease_expires_at__isnull=False))
+    waiting = Exists(InputRequest.objects.filter(operation=OuterRef("pk")).filter(
+        Q(status=InputRequest.Status.OPEN)
+        | Q(status=InputRequest.Status.ANSWERED, delivered_at__isnull=True)))
+    queued = Exists(ReconciliationItem.objects.filter(operation=OuterRef("pk"),
+                                                      status=ReconciliationItem.Status.OPEN))
+    rows = (ops.filter(state__in=[s.value for s in OPEN]).exclude(scheduled)
+            .annotate(waiting=waiting, queued=queued).filter(queued=False)
+            .exclude(state=State.INPUT_REQUIRED, waiting=True))
+    sample = [{"operation_id": str(r["id"]), "state": r["state"],
+               "updated_at": r["updated_at"].isoformat()}
+              for r in rows.order_by("updated_at").values("id", "state", "updated_at")[:10]]
+    count = rows.count()
+    return _figure(name="stranded_open_rows", value=count, threshold=STRANDED_MAX,
+                   comparison="<=", detail={"stranded": count, "sample": sample})
+
+
+def _overdue(*, ops: Any, now: datetime) -> GateFigure:
+    claimable_at = Greatest(Coalesce("next_poll_at", "lease_expires_at"),
+                            Coalesce("lease_expires_at", "next_poll_at"))
+    oldest = (ops.filter(state__in=CLAIMABLE)
+              .filter(Q(next_poll_at__isnull=False) | Q(lease_expires_at__isnull=False))
+              .annotate(claimable_at=claimable_at).order_by("claimable_at")
+              .values("id", "state", "next_poll_at", "lease_expires_at", "claimable_at").first())
+    if oldest is None:
+        return _figure(name="oldest_overdue_row_s", value=None, threshold=OVERDUE_MAX_SECONDS,
+                       comparison="<=", detail={"scheduled_rows": 0})
+    age = max((now - oldest["claimable_at"]).total_seconds(), 0.0)
+    return _figure(name="oldest_overdue_row_s", value=round(age, 3), threshold=OVERDUE_MAX_SECONDS,
+                   comparison="<=", detail={
+                       "operation_id": str(oldest["id"]), "state": oldest["state"],
+                       "next_poll_at": oldest["next_poll_at"], "lease_expires_at":
+                       oldest["lease_expires_at"]})
+
+
 def gate_report(*, since: datetime | None = None, server_names: list[str] | None = None,
                 ground_truth: Mapping[str, str] | None = None,
                 peer_counts: Mapping[str, int] | None = None,
                 now: datetime | None = None) -> GateReport:
-    """The six gate figures over the ledger (optionally one window / some servers)."""
+    """The eight gate figures over the ledger (optionally one window / some servers)."""
     now = now or timezone.now()
     ops = _operations(since=since, server_names=server_names)
     figures = (
@@ -311,5 +372,7 @@ def gate_report(*, since: datetime | None = None, server_names: list[str] | None
         _cancel_p99(ops=ops),
         _unknown(ops=ops, now=now),
         _outbox(ops=ops),
+        _stranded(ops=ops),
+        _overdue(ops=ops, now=now),
     )
     return GateReport(figures=figures, generated_at=now.isoformat())

@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger.digests import canonical_digest
@@ -134,8 +134,16 @@ def reconciliation_attach_remote_id(*, item_id: int, remote_id: str, actor: str,
             event_data={**who, "remote_id": remote_id, "previous_remote_id": op.remote_id},
         )
 
-    return _resolve(item_id=item_id, actor=actor, reason=reason,
-                    resolution=Resolution.ATTACH_REMOTE_ID, apply=apply)
+    try:
+        return _resolve(item_id=item_id, actor=actor, reason=reason,
+                        resolution=Resolution.ATTACH_REMOTE_ID, apply=apply)
+    except IntegrityError as exc:
+        # Another row took the id between the check above and this write (constraint
+        # op_one_operation_per_remote_task): refused, nothing changed.
+        if "op_one_operation_per_remote_task" not in str(exc):
+            raise
+        raise ReconciliationRefused(
+            f"remote id {remote_id!r} already belongs to another operation") from exc
 
 
 def reconciliation_declare_never_created(*, item_id: int, actor: str,
@@ -180,7 +188,8 @@ def reconciliation_accept_terminal(
         operation_transition(
             operation_id=op.id, from_state=State.RECONCILIATION_REQUIRED,
             to_state=State.TERMINAL_OBSERVED, execution_epoch=op.execution_epoch,
-            updates={"terminal_status": terminal_status},
+            # Due from the first write on (op_open_row_scheduled), not only after the second.
+            updates={"terminal_status": terminal_status, "next_poll_at": timezone.now()},
             event_kind="reconciliation_resolved", event_data={**who, "terminal_status": terminal_status},
         )
         operation_transition(

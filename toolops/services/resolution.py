@@ -24,6 +24,7 @@ from enum import StrEnum
 from typing import Any
 
 from django.conf import settings
+from django.db import IntegrityError
 from django.utils import timezone
 
 from adapters import (
@@ -93,13 +94,22 @@ def _found(*, op: Operation, lease_owner: str, task: RemoteTask, how: str) -> st
 
     fields = task_schedule_fields(op=op, task=task, now=timezone.now())
     fields["next_poll_at"] = timezone.now()  # poll at once: the state it is in comes from `get`
-    operation_transition(
-        operation_id=op.id, from_state=State.SUBMISSION_UNKNOWN, to_state=State.WORKING,
-        execution_epoch=op.execution_epoch, lease_owner=lease_owner,
-        updates={**fields, **RELEASE, "remote_id": task.remote_id},
-        event_kind="submission_resolved",
-        event_data={"remote_id": task.remote_id, "how": how, "proof": True, "reply": task.raw},
-    )
+    try:
+        operation_transition(
+            operation_id=op.id, from_state=State.SUBMISSION_UNKNOWN, to_state=State.WORKING,
+            execution_epoch=op.execution_epoch, lease_owner=lease_owner,
+            updates={**fields, **RELEASE, "remote_id": task.remote_id},
+            event_kind="submission_resolved",
+            event_data={"remote_id": task.remote_id, "how": how, "proof": True, "reply": task.raw},
+        )
+    except IntegrityError as exc:
+        from toolops.services.remote_ids import is_remote_id_collision, operation_remote_id_collision
+
+        if not is_remote_id_collision(exc):
+            raise
+        operation_remote_id_collision(operation_id=op.id, lease_owner=lease_owner,
+                                      remote_id=task.remote_id, source=f"lookup:{how}")
+        return "remote_id_collision"
     return "resolved_working"
 
 

@@ -119,7 +119,9 @@ def _store_result(*, op: Operation, lease_owner: str, stored: dict[str, Any],
         operation_id=op.id, state=State.FETCHING_RESULT, execution_epoch=op.execution_epoch,
         cancel_generation=op.cancel_generation, lease_owner=lease_owner,
         updates={"result": stored, "result_kind": stored["kind"], "result_digest": digest,
-                 "terminal_status": terminal_status, "next_poll_at": None},
+                 # Stays due (under our lease) until acceptance clears it: should acceptance
+                 # fail, the row is re-claimed when the lease runs out, never stranded.
+                 "terminal_status": terminal_status, "next_poll_at": timezone.now()},
         event_kind="result_fetched",
         event_data={"result_digest": digest, "kind": stored["kind"],
                     "is_error": stored["is_error"]},

@@ -205,8 +205,10 @@ def operation_hand_over_locked(
     fields: dict[str, Any] = {"execution_epoch": F("execution_epoch") + 1,
                               "executor_path": to_path, "lease_owner": "",
                               "lease_expires_at": None, "updated_at": now}
-    if op.state in CLAIMABLE and op.next_poll_at is not None:
-        fields["next_poll_at"] = now  # the receiving executor takes it at once
+    if op.state in CLAIMABLE:
+        # The receiving executor takes it at once (also a row whose schedule lived only in the
+        # revoked lease: op_open_row_scheduled).
+        fields["next_poll_at"] = now
     changed = Operation.objects.filter(
         Q(id=op.id), Q(execution_epoch=op.execution_epoch), ~Q(executor_path=to_path),
     ).update(**fields)

@@ -39,6 +39,7 @@ from toolops.services.connections import RateLimited, server_call
 from toolops.services.executors import TASKS, operation_refuse_stale
 from toolops.services.negotiation import server_offers_tasks
 from toolops.services.observe import task_schedule_fields
+from toolops.services.remote_ids import submit_reply_record
 from toolops.services.results import (
     operation_complete_sync,
     operation_fetch_and_accept,
@@ -304,7 +305,9 @@ def _submit_row(
         operation_transition(
             operation_id=op.id, from_state=State.SUBMITTING, to_state=State.SUBMISSION_UNKNOWN,
             execution_epoch=op.execution_epoch, lease_owner=owner,
-            updates={"lease_owner": "", "lease_expires_at": None, "next_poll_at": None},
+            # Due (op_open_row_scheduled) until the next transition: should it fail, the
+            # resolution pass looks the key up and finds nothing.
+            updates={"lease_owner": "", "lease_expires_at": None, "next_poll_at": timezone.now()},
             event_kind="submit_refused_by_server",
             event_data={"error": str(exc), "type": type(exc).__name__, "detail": exc.detail},
         )
@@ -327,7 +330,10 @@ def _submit_row(
 
     task = outcome.task
     try:
-        return _record_task_reply(op=op, owner=owner, task=task)
+        # Retried on a database blip; a remote id held by another row queues this one.
+        return submit_reply_record(
+            operation_id=op.id, lease_owner=owner, remote_id=task.remote_id, reply=task.raw,
+            record=functools.partial(_record_task_reply, op=op, owner=owner, task=task))
     except IllegalTransition:
         # A rollback handed the row to the other executor while the request was in transit: this
         # submitter is a worker of the old epoch and writes nothing more. The reply goes into the

@@ -96,7 +96,7 @@ class Command(BaseCommand):
         p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
         p.add_argument("--server", action="append", default=None, help="limit to these servers")
 
-        p = sub.add_parser("gate", help="the release gate: six figures, exit 1 on any failure")
+        p = sub.add_parser("gate", help="the release gate: eight figures, exit 1 on any failure")
         p.add_argument("--json", action="store_true")
         p.add_argument("--server", action="append", default=None, help="limit to these servers")
 
