@@ -3,10 +3,13 @@
 Every JSON body any adapter reads goes through `json_loads`, which rejects, for the whole
 message, what would otherwise crash later code or the database: nesting deeper than
 JSON_MAX_DEPTH (recursive parsers and encoders), NUL and lone surrogates in any string or key
-(PostgreSQL text and jsonb refuse both), integers outside the canonical-JSON safe range and
-non-finite numbers (RFC 8785 refuses both). The field decoders then bound each field the
-executor stores. Error details never quote more than a short, neutralised excerpt of what the
-server sent: the detail is written to the ledger too.
+(PostgreSQL text and jsonb refuse both) and non-finite numbers. Values the executor digests
+as canonical JSON (results, tool descriptors, input request parameters) are checked again with
+`strict_numbers`: an integer outside the RFC 8785 safe range there is a violation (the
+dataclasses in adapters.base do it on construction). Elsewhere a huge integer is left to the
+field decoders, which bound each field the executor stores (a ttl of 10**20 is clamped).
+Error details never quote more than a short, neutralised excerpt of what the server sent:
+the detail is written to the ledger too.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
 
 
-def json_loads(data: str | bytes, *, what: str) -> Any:
+def json_loads(data: str | bytes, *, what: str, strict_numbers: bool = False) -> Any:
     """Parse one JSON document and check every value in it (see the module docstring)."""
     try:
         value = json.loads(data, parse_constant=_reject_constant)
@@ -47,12 +50,12 @@ def json_loads(data: str | bytes, *, what: str) -> Any:
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, too many integer digits
         raise ProtocolViolationError(f"malformed JSON in {what}",
                                      detail={"violation": "malformed JSON", "where": what}) from exc
-    json_check(value, what=what)
+    json_check(value, what=what, strict_numbers=strict_numbers)
     return value
 
 
-def json_check(value: Any, *, what: str) -> None:
-    """Iteratively check depth, string content and number range of a parsed JSON value."""
+def json_check(value: Any, *, what: str, strict_numbers: bool = False) -> None:
+    """Iteratively check depth, string content and (`strict_numbers`) integer range."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -62,7 +65,7 @@ def json_check(value: Any, *, what: str) -> None:
         elif isinstance(item, bool) or item is None:
             continue
         elif isinstance(item, int):
-            if abs(item) > limits.JSON_MAX_SAFE_INTEGER:
+            if strict_numbers and abs(item) > limits.JSON_MAX_SAFE_INTEGER:
                 raise _violation("integer outside the canonical-JSON range", what=what,
                                  digits=len(str(abs(item))))
         elif isinstance(item, float):

@@ -396,6 +396,10 @@ class JsonRpcClient:
         deadline: float | None,
     ) -> RpcReply:
         status = response.status_code
+        if 300 <= status < 400:
+            # Redirects are never followed: the request would be re-sent to a place we did not choose.
+            raise ProtocolViolationError(f"{method}: HTTP {status} redirect is not followed",
+                                         detail={**detail, "violation": "redirect"})
         if status >= 400 or status in (204, 202):
             error = self._best_effort_error(response, deadline=deadline) if status >= 400 else None
             self._raise_for_status(response, detail=detail, creates=creates, body=error)
