@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from adapters import decode, limits
 from adapters.base import (
     KEY_DEDUP_RESEND,
     FetchedResult,
@@ -39,6 +40,7 @@ from adapters.base import (
     SubmitOutcome,
     ToolDescriptor,
 )
+from adapters.deadline import deadline_passed, install_deadline, request_deadline
 from adapters.errors import (
     AdapterError,
     LostResponseError,
@@ -75,10 +77,10 @@ def _status_name(response: httpx.Response) -> tuple[str, dict[str, Any]]:
                 500: "INTERNAL", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
     error: dict[str, Any] = {}
     try:
-        parsed = response.json()
+        parsed = decode.json_loads(response.content, what="error body")
         if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
             error = parsed["error"]
-    except ValueError:
+    except ProtocolViolationError:
         pass
     status = error.get("status")
     name = status if isinstance(status, str) and status else fallback.get(response.status_code, "UNKNOWN")
@@ -93,12 +95,9 @@ def _status_name(response: httpx.Response) -> tuple[str, dict[str, Any]]:
 def _remote_task(data: Any, *, expect_name: str | None) -> RemoteTask:
     if not isinstance(data, dict):
         raise ProtocolViolationError("operation is not an object")
-    name, done = data.get("name"), data.get("done", False)
-    if not isinstance(name, str) or not name:
-        raise ProtocolViolationError("operation without a name")
-    if expect_name is not None and name != expect_name:
-        raise ProtocolViolationError("server answered about another operation",
-                                     detail={"asked": expect_name, "got": name})
+    name, done = decode.task_id(data.get("name"), field="name"), data.get("done", False)
+    if expect_name is not None:
+        decode.expect_same_task(asked=expect_name, got=name, what="operation")
     if not isinstance(done, bool):
         raise ProtocolViolationError("operation `done` is not a boolean", detail={"name": name})
     has_response, error = "response" in data, data.get("error")
@@ -120,7 +119,9 @@ def _remote_task(data: Any, *, expect_name: str | None) -> RemoteTask:
     else:
         if not isinstance(error, dict) or not isinstance(error.get("code"), int):
             raise ProtocolViolationError("operation error is not a google.rpc.Status", detail={"name": name})
-        message = str(error.get("message", ""))[:500] or RPC_CODES.get(error["code"], "")
+        text = error.get("message", "")
+        message = decode.status_message(text if isinstance(text, str) else str(text)) \
+            or RPC_CODES.get(error["code"], "")
         status = "cancelled" if error["code"] == CANCELLED else "failed"
         result = FetchedResult(kind="error", payload=error, is_error=True, raw=data)
     metadata = data.get("metadata")
@@ -144,6 +145,8 @@ class Aip151Adapter:
         options: dict[str, Any] | None = None,
         timeout_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
+        max_response_bytes: int = limits.DEFAULT_MAX_RESPONSE_BYTES,
+        request_deadline_s: float | None = None,
     ) -> None:
         """`url`: the service root. `options`: {"operations_prefix": "v1", "methods":
         {tool: {"http_method": "POST", "path": "v1/...:verb"}}, "list_path": ...} (the tools'
@@ -158,6 +161,11 @@ class Aip151Adapter:
                          "list_path": self._list_path}
         self._transport = transport
         self._client = httpx.Client(transport=transport, timeout=timeout_s, follow_redirects=False)
+        if transport is None:
+            install_deadline(self._client)
+        self._max_response_bytes = max_response_bytes
+        # One adapter call (its in-call retries included) ends within this many seconds.
+        self._deadline_s = request_deadline_s or limits.DEFAULT_REQUEST_DEADLINE_S
         self._results: OrderedDict[str, FetchedResult] = OrderedDict()
         self._lock = threading.Lock()
         self._gate: RequestGate | None = None  # passed before every request, retries included
@@ -202,22 +210,36 @@ class Aip151Adapter:
         same request_id.
         """
         last: AdapterError | None = None
+        deadline = time.monotonic() + self._deadline_s
+        maybe_sent = False  # a create whose earlier attempt may have reached the server
         for attempt in range(IN_CALL_ATTEMPTS if repeatable else 1):
             if attempt and last is not None:
                 hinted = last.retry_after if isinstance(last, TransientError) else None
-                wait = hinted if hinted else 0.1 * 2**attempt
-                time.sleep(min(wait, MAX_IN_CALL_WAIT_S))
+                wait = min(hinted if hinted else 0.1 * 2**attempt, MAX_IN_CALL_WAIT_S)
+                if time.monotonic() + wait >= deadline:
+                    break  # no time left for another attempt
+                time.sleep(wait)
             detail: dict[str, Any] = {"call": what}
             # Each in-call retry is a request of its own: it passes the gate (QPS) again.
             self._pass_gate(what)
             try:
-                response = self._client.request(method, url, json=json)
+                with request_deadline(deadline):
+                    response = self._bounded_request(method, url, json=json, detail=detail,
+                                                     deadline=deadline)
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+                if deadline_passed(deadline):
+                    last = self._timed_out(what, detail, creates=creates)
+                    maybe_sent = maybe_sent or creates
+                    break
                 last = TransientError(f"{what}: connection failed: {type(exc).__name__}", detail=detail)
                 continue
             except (httpx.TimeoutException, httpx.TransportError) as exc:
                 # Sent, no answer read. Repeating is safe here (see docstring); if every
                 # attempt ends so, a create is "maybe created" and a read is transient.
+                maybe_sent = maybe_sent or creates
+                if deadline_passed(deadline):
+                    last = self._timed_out(what, detail, creates=creates)
+                    break
                 cls = LostResponseError if creates else TransientError
                 last = cls(f"{what}: sent, but no answer was read: {type(exc).__name__}", detail=detail)
                 continue
@@ -230,16 +252,47 @@ class Aip151Adapter:
                 continue  # the only code AIP-194 retries in-call
             raise error
         assert last is not None
+        if maybe_sent and not isinstance(last, LostResponseError):
+            # An earlier attempt may have created the operation: never report "not sent".
+            raise LostResponseError(str(last), detail=last.detail)
         if creates and isinstance(last, TransientError) and last.detail.get("status") == "UNAVAILABLE":
             # A proxy's 503 does not prove the create was not accepted (section 2.3).
             raise LostResponseError(str(last), detail=last.detail)
         raise last
 
+    @staticmethod
+    def _timed_out(what: str, detail: dict[str, Any], *, creates: bool) -> AdapterError:
+        cls = LostResponseError if creates else TransientError
+        return cls(f"{what}: no complete answer within the request deadline",
+                   detail={**detail, "deadline": True})
+
+    def _bounded_request(self, method: str, url: str, *, json: Any, detail: dict[str, Any],
+                         deadline: float) -> httpx.Response:
+        """One request whose body is read as it arrives: never more than the size cap, never
+        past the deadline (checked per chunk too, for transports without the deadline backend)."""
+        limit = self._max_response_bytes
+        with self._client.stream(method, url, json=json) as response:
+            length = response.headers.get("content-length")
+            too_big = {**detail, "violation": "response body over the size limit",
+                       "max_response_bytes": limit, "http_status": response.status_code}
+            if length is not None and length.isdigit() and int(length) > limit:
+                raise ProtocolViolationError(f"{detail['call']}: response body over the size limit",
+                                             detail=too_big)
+            chunks: list[bytes] = []
+            seen = 0
+            for chunk in response.iter_bytes():
+                if deadline_passed(deadline):
+                    raise httpx.ReadTimeout("request deadline passed", request=response.request)
+                seen += len(chunk)
+                if seen > limit:
+                    raise ProtocolViolationError(f"{detail['call']}: response body over the size limit",
+                                                 detail=too_big)
+                chunks.append(chunk)
+        return httpx.Response(response.status_code, headers=response.headers, content=b"".join(chunks),
+                              request=response.request)
+
     def _json(self, response: httpx.Response, *, what: str) -> Any:
-        try:
-            return response.json()
-        except ValueError as exc:
-            raise ProtocolViolationError(f"{what}: malformed JSON") from exc
+        return decode.json_loads(response.content, what=what)
 
     def _remember(self, task: RemoteTask) -> RemoteTask:
         if task.result is not None:
@@ -264,8 +317,12 @@ class Aip151Adapter:
             if not isinstance(method, dict) or not isinstance(method.get("path"), str):
                 raise AdapterError(f"method for tool {tool!r} needs a path", detail={"tool": tool})
         self._pass_gate("ListOperations probe")
+        deadline = time.monotonic() + self._deadline_s
         try:
-            probe = self._client.get(f"{self._base}/{self._list_path}")
+            with request_deadline(deadline):
+                # Only the status matters: the body is never read.
+                with self._client.stream("GET", f"{self._base}/{self._list_path}") as probe:
+                    pass
         except httpx.TransportError as exc:
             raise TransientError(f"service unreachable: {type(exc).__name__}", detail={}) from exc
         return Negotiated(

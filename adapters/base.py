@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+from adapters.decode import json_check
+
 # What an adapter can do to resolve a submission whose answer was lost (design.md section 5).
 # Which of them a given server allows is decided per server from its negotiated capabilities
 # (`key_resolution_modes`), since the same adapter talks to cooperating and plain servers.
@@ -53,6 +55,9 @@ class ToolDescriptor:
     task_support: str  # "forbidden" | "optional" | "required"
     raw: dict[str, Any]  # the tools/list entry verbatim
 
+    def __post_init__(self) -> None:
+        json_check(self.raw, what="tool descriptor", strict_numbers=True)
+
 
 @dataclass(frozen=True)
 class FetchedResult:
@@ -62,6 +67,11 @@ class FetchedResult:
     is_error: bool
     raw: dict[str, Any]
 
+    def __post_init__(self) -> None:
+        # Results are digested as canonical JSON and stored: checked strictly, whoever built them.
+        json_check(self.payload, what="result", strict_numbers=True)
+        json_check(self.raw, what="result reply", strict_numbers=True)
+
 
 @dataclass(frozen=True)
 class ServerRequest:
@@ -69,6 +79,9 @@ class ServerRequest:
     method: str
     params: dict[str, Any]
     related_task_id: str | None
+
+    def __post_init__(self) -> None:
+        json_check(self.params, what="input request params", strict_numbers=True)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ import codecs
 import contextlib
 import dataclasses
 import email.utils
-import json
 import queue
 import secrets
 import socket
@@ -29,7 +28,9 @@ import httpx
 import pydantic
 from mcp_types import jsonrpc as rpc
 
+from adapters import decode, limits
 from adapters.base import RequestGate
+from adapters.deadline import deadline_passed, install_deadline, request_deadline
 from adapters.errors import (
     AdapterError,
     LostResponseError,
@@ -44,6 +45,9 @@ SESSION_HEADER = "Mcp-Session-Id"
 # tasks/result stream is the only channel a Shape A server delivers follow-up input on,
 # and a task may work for a long time between two input rounds.
 STREAM_IDLE_TIMEOUT_S = 3600.0
+# Requests that change nothing on the server: one that misses its deadline is simply retried
+# later (TransientError). Any other request may have acted: LostResponseError.
+READ_ONLY_METHODS = frozenset({"tasks/get", "tasks/result", "tasks/list", "tools/list", "server/discover"})
 
 Message = dict[str, Any]
 
@@ -150,28 +154,38 @@ class SseParser:
                     self._data.append(value)
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-standard JSON constant {name}")
-
-
 def _decode_json(text: str | bytes, *, what: str) -> Any:
-    try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ProtocolViolationError(f"malformed JSON in {what}") from exc
+    """Parsed and checked whole (depth, string content, number range): see adapters.decode."""
+    return decode.json_loads(text, what=what)
+
+
+def deadline_error(method: str, detail: dict[str, Any]) -> AdapterError:
+    """The request deadline passed before the whole answer was read."""
+    cls = TransientError if method in READ_ONLY_METHODS else LostResponseError
+    return cls(f"{method}: no complete answer within the request deadline",
+               detail={**detail, "deadline": True})
 
 
 @contextlib.contextmanager
-def _transport_errors(method: str, detail: dict[str, Any]) -> Iterator[None]:
+def _transport_errors(method: str, detail: dict[str, Any], deadline: float | None = None) -> Iterator[None]:
     """httpx failures -> taxonomy, by whether the request can have reached the server."""
     try:
-        yield
+        with request_deadline(deadline):
+            yield
+    except httpx.TimeoutException as exc:
+        if deadline_passed(deadline):
+            raise deadline_error(method, detail) from exc
+        if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+            raise TransientError(f"{method}: connection failed: {type(exc).__name__}", detail=detail) from exc
+        raise LostResponseError(
+            f"{method}: sent, but no answer was read: {type(exc).__name__}", detail=detail
+        ) from exc
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         # Nothing was written to a server socket: safe to retry, even for tools/call.
         raise TransientError(f"{method}: connection failed: {type(exc).__name__}", detail=detail) from exc
     except (httpx.UnsupportedProtocol, httpx.LocalProtocolError) as exc:
         raise AdapterError(f"{method}: request could not be sent: {exc}", detail=detail) from exc
-    except (httpx.TimeoutException, httpx.TransportError) as exc:
+    except httpx.TransportError as exc:
         raise LostResponseError(
             f"{method}: sent, but no answer was read: {type(exc).__name__}", detail=detail
         ) from exc
@@ -187,14 +201,19 @@ class JsonRpcClient:
         timeout_s: float,
         max_response_bytes: int,
         transport: httpx.BaseTransport | None = None,
+        request_deadline_s: float | None = None,
     ) -> None:
         self.url = url
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s  # httpx's, per read
+        # Wall-clock bound of one whole exchange (headers and every body byte, SSE included).
+        self.request_deadline_s = request_deadline_s or limits.DEFAULT_REQUEST_DEADLINE_S
         self.max_response_bytes = max_response_bytes
         # Protocol headers set by the shape adapter (session id, protocol version).
         self.headers: dict[str, str] = {}
         self._transport = transport
         self._client = httpx.Client(transport=transport, timeout=timeout_s, follow_redirects=False)
+        if transport is None:
+            install_deadline(self._client)
         # Ids must be unique across every client sharing one MCP session (several workers):
         # mcp 1.30 routes a stream's messages by request id, so a collision would cross streams.
         self._id_prefix = secrets.token_hex(6)
@@ -215,6 +234,7 @@ class JsonRpcClient:
             timeout_s=self.timeout_s,
             max_response_bytes=self.max_response_bytes,
             transport=self._transport,
+            request_deadline_s=self.request_deadline_s,
         )
         twin.headers = dict(self.headers)
         twin.request_gate = self.request_gate
@@ -238,15 +258,15 @@ class JsonRpcClient:
     ) -> RpcReply:
         """Send a request and return its response; server messages seen meanwhile are in `others`.
 
-        `timeout_s` bounds the whole exchange: httpx's timeouts are per read, and an SSE
-        reply that trickles keep-alives would otherwise never time out."""
+        `timeout_s` (default: the request deadline) bounds the whole exchange: httpx's timeouts
+        are per read, and a reply that trickles bytes would otherwise never time out."""
         others: list[Message] = []
-        budget = timeout_s if timeout_s is not None else self.timeout_s
+        budget = timeout_s if timeout_s is not None else self.request_deadline_s
         reply = self.exchange(
             method=method,
             params=params,
             request_id=self.new_id(),
-            timeout=httpx.Timeout(budget),
+            timeout=httpx.Timeout(min(budget, self.timeout_s) if timeout_s is None else budget),
             creates=creates,
             on_message=others.append,
             deadline=time.monotonic() + budget,
@@ -272,7 +292,7 @@ class JsonRpcClient:
             self.gate(method)
         body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
         detail: dict[str, Any] = {"method": method, "request_id": request_id}
-        with _transport_errors(method, detail):
+        with _transport_errors(method, detail, deadline):
             with self._client.stream(
                 "POST", self.url, json=body, headers=self._request_headers(), timeout=timeout
             ) as response:
@@ -293,46 +313,55 @@ class JsonRpcClient:
         """A plain JSON POST with this client's protocol headers (a server's side endpoint)."""
         detail: dict[str, Any] = {"method": what}
         self.gate(what)
-        try:
-            response = self._client.post(url, json=body, headers=self._request_headers())
-            response.read()
-            return response
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            raise TransientError(f"{what}: connection failed: {type(exc).__name__}", detail=detail) from exc
-        except (httpx.TimeoutException, httpx.TransportError) as exc:
-            raise LostResponseError(f"{what}: sent, but no answer was read", detail=detail) from exc
+        deadline = time.monotonic() + self.request_deadline_s
+        with _transport_errors(what, detail, deadline):
+            with self._client.stream("POST", url, json=body, headers=self._request_headers()) as response:
+                raw = b"".join(self._body_chunks(response, detail=detail, deadline=deadline, method=what))
+        return httpx.Response(response.status_code, headers=response.headers, content=raw,
+                              request=response.request)
 
     def post_message(self, *, message: Message, what: str) -> None:
         """POST a notification or a response to a server request; the server answers 202."""
         detail: dict[str, Any] = {"method": what}
         self.gate(what)
-        with _transport_errors(what, detail):
-            response = self._client.post(self.url, json=message, headers=self._request_headers())
-        detail["http_status"] = response.status_code
-        if response.status_code in (200, 202, 204):
-            return
-        self._raise_for_status(response, detail=detail, creates=False, body=self._best_effort_error(response))
+        deadline = time.monotonic() + self.request_deadline_s
+        with _transport_errors(what, detail, deadline):
+            with self._client.stream("POST", self.url, json=message,
+                                     headers=self._request_headers()) as response:
+                detail["http_status"] = response.status_code
+                if response.status_code in (200, 202, 204):
+                    return
+                error = self._best_effort_error(response, deadline=deadline)
+                self._raise_for_status(response, detail=detail, creates=False, body=error)
         raise AdapterError(f"{what}: HTTP {response.status_code}", detail=detail)
 
-    def _best_effort_error(self, response: httpx.Response) -> dict[str, Any] | None:
+    def _best_effort_error(self, response: httpx.Response, *, deadline: float | None = None
+                           ) -> dict[str, Any] | None:
         """The JSON-RPC error in an HTTP error reply, if it has one within the size limit."""
         try:
-            raw = b"".join(self._body_chunks(response, detail={}))
+            raw = b"".join(self._body_chunks(response, detail={}, deadline=deadline, method="error body"))
             parsed = _decode_json(raw, what="error body") if raw.lstrip().startswith(b"{") else None
-        except (httpx.HTTPError, ProtocolViolationError):
+        except (httpx.HTTPError, ProtocolViolationError, TransientError, LostResponseError):
             return None
         error = parsed.get("error") if isinstance(parsed, dict) else None
         return error if isinstance(error, dict) else None
 
-    def _body_chunks(self, response: httpx.Response, *, detail: dict[str, Any]) -> Iterator[bytes]:
+    def _body_chunks(self, response: httpx.Response, *, detail: dict[str, Any], deadline: float | None,
+                     method: str) -> Iterator[bytes]:
+        """The body as it arrives, never more than max_response_bytes of it, never past the
+        deadline (also checked here for transports without the deadline backend)."""
+        limit = {**detail, "violation": "response body over the size limit",
+                 "max_response_bytes": self.max_response_bytes}
         length = response.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_response_bytes:
-            raise ProtocolViolationError("response body over the size limit", detail=detail)
+            raise ProtocolViolationError("response body over the size limit", detail=limit)
         seen = 0
         for chunk in response.iter_bytes():
+            if deadline_passed(deadline):
+                raise deadline_error(method, detail)
             seen += len(chunk)
             if seen > self.max_response_bytes:
-                raise ProtocolViolationError("response body over the size limit", detail=detail)
+                raise ProtocolViolationError("response body over the size limit", detail=limit)
             yield chunk
 
     def _raise_for_status(
@@ -367,8 +396,12 @@ class JsonRpcClient:
         deadline: float | None,
     ) -> RpcReply:
         status = response.status_code
+        if 300 <= status < 400:
+            # Redirects are never followed: the request would be re-sent to a place we did not choose.
+            raise ProtocolViolationError(f"{method}: HTTP {status} redirect is not followed",
+                                         detail={**detail, "violation": "redirect"})
         if status >= 400 or status in (204, 202):
-            error = self._best_effort_error(response) if status >= 400 else None
+            error = self._best_effort_error(response, deadline=deadline) if status >= 400 else None
             self._raise_for_status(response, detail=detail, creates=creates, body=error)
             if error is None:
                 raise AdapterError(f"{method}: HTTP {status} without a JSON-RPC answer", detail=detail)
@@ -377,16 +410,15 @@ class JsonRpcClient:
             return self._reply(method, {"jsonrpc": "2.0", "id": request_id, "error": error}, response)
         content_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type == "application/json":
-            message = _decode_json(b"".join(self._body_chunks(response, detail=detail)), what=method)
+            body = self._body_chunks(response, detail=detail, deadline=deadline, method=method)
+            message = _decode_json(b"".join(body), what=method)
             if self._is_our_response(message, request_id, detail=detail):
                 return self._reply(method, message, response)
             raise ProtocolViolationError(f"{method}: JSON reply is not a response", detail=detail)
         if content_type != "text/event-stream":
             raise ProtocolViolationError(f"{method}: unexpected content type {content_type!r}", detail=detail)
         parser = SseParser()
-        for chunk in self._body_chunks(response, detail=detail):
-            if deadline is not None and time.monotonic() > deadline:
-                raise LostResponseError(f"{method}: no response within the time budget", detail=detail)
+        for chunk in self._body_chunks(response, detail=detail, deadline=deadline, method=method):
             for event, data in parser.feed(chunk):
                 if event != "message":
                     continue

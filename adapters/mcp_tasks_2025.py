@@ -27,6 +27,7 @@ import pydantic
 from mcp_types import _v2025_11_25 as wire
 from mcp_types import jsonrpc as rpc
 
+from adapters import decode, limits
 from adapters.base import (
     FetchedResult,
     InputWindow,
@@ -102,19 +103,22 @@ def _related_task_id(container: dict[str, Any] | None) -> str | None:
     return task_id if isinstance(task_id, str) else None
 
 
+STATUSES = frozenset({"working", "input_required", "completed", "failed", "cancelled"})
+
+
 def _remote_task(data: dict[str, Any], *, model: type[wire.Task], expect_id: str | None) -> RemoteTask:
     task = _validate(model, data, what="task")
-    if expect_id is not None and task.task_id != expect_id:
-        raise ProtocolViolationError(
-            "server answered about another task", detail={"asked": expect_id, "got": task.task_id}
-        )
+    remote_id = decode.task_id(task.task_id)
+    if expect_id is not None:
+        decode.expect_same_task(asked=expect_id, got=remote_id)
+    decode.timestamp(task.last_updated_at, field="lastUpdatedAt", required=True)
     return RemoteTask(
-        remote_id=task.task_id,
-        status=task.status,
-        status_message=task.status_message,
-        poll_interval_ms=task.poll_interval,
-        ttl_ms=task.ttl,
-        created_at=task.created_at,
+        remote_id=remote_id,
+        status=decode.status(task.status, allowed=STATUSES),
+        status_message=decode.status_message(task.status_message),
+        poll_interval_ms=decode.poll_interval_ms(task.poll_interval),
+        ttl_ms=decode.ttl_ms(task.ttl),
+        created_at=decode.timestamp(task.created_at, required=True),
         raw=data,
     )
 
@@ -160,8 +164,11 @@ def _maybe_created(tool: str) -> Iterator[None]:
 
 def _server_request(message: Message) -> ServerRequest:
     params = message.get("params") or {}
+    if not isinstance(params, dict):
+        raise ProtocolViolationError("server request params is not an object",
+                                     detail={"method": decode.quote(message.get("method"))})
     return ServerRequest(
-        request_id=message["id"],
+        request_id=decode.server_request_id(message["id"]),
         method=message["method"],
         params=params,
         related_task_id=_related_task_id(params),
@@ -179,11 +186,13 @@ class McpTasks2025Adapter(SubmissionKeyResolution):
         url: str,
         session_id: str | None = None,
         timeout_s: float = 30.0,
-        max_response_bytes: int = 8 * 1024 * 1024,
+        max_response_bytes: int = limits.DEFAULT_MAX_RESPONSE_BYTES,
         transport: httpx.BaseTransport | None = None,
+        request_deadline_s: float | None = None,
     ) -> None:
         self._rpc = JsonRpcClient(
-            url=url, timeout_s=timeout_s, max_response_bytes=max_response_bytes, transport=transport
+            url=url, timeout_s=timeout_s, max_response_bytes=max_response_bytes, transport=transport,
+            request_deadline_s=request_deadline_s,
         )
         self._session_id: str | None = None
         self._set_session(session_id)
@@ -296,9 +305,7 @@ class McpTasks2025Adapter(SubmissionKeyResolution):
         result = message.get("result") or {}
         related = _related_task_id(result)
         if remote_id is not None and related is not None and related != remote_id:
-            raise ProtocolViolationError(
-                "result belongs to another task", detail={"asked": remote_id, "got": related}
-            )
+            decode.expect_same_task(asked=remote_id, got=related, what="task's result")
         if allow_empty and not any(k != "_meta" for k in result):
             # mcp 1.30 answers tasks/result of a failed or cancelled task with `_meta` only.
             return FetchedResult(kind="empty", payload=result, is_error=False, raw=message)
@@ -312,6 +319,8 @@ class McpTasks2025Adapter(SubmissionKeyResolution):
         for message in messages:
             if message_kind(message) == "request":
                 self.pending_server_requests.append(_server_request(message))
+                # A server may send requests without end: keep the newest, bounded.
+                del self.pending_server_requests[: -limits.MAX_PENDING_SERVER_REQUESTS]
             else:
                 self.notifications.append(message)
 
@@ -434,8 +443,10 @@ class McpTasks2025Adapter(SubmissionKeyResolution):
         request = _server_request(message)
         if self._is_input_for(request, remote_id):
             collected.append(request)
+            decode.input_request_count(len(collected), what="tasks/result input stream")
         else:
             self.pending_server_requests.append(request)
+            del self.pending_server_requests[: -limits.MAX_PENDING_SERVER_REQUESTS]
 
     def _stream_outcome(self, end: StreamEnd, *, remote_id: str) -> FetchedResult:
         if end.error is not None:

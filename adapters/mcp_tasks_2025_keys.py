@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from adapters import decode
 from adapters.base import (
     KEY_DEDUP_RESEND,
     KEY_LOOKUP,
@@ -139,8 +140,8 @@ class SubmissionKeyResolution:
         url = str(httpx.URL(self._rpc.url).copy_with(path=path, query=None, fragment=None))
         response = self._rpc.post_json(url=url, body={"key": submission_key}, what="submission-key lookup")
         try:
-            body = response.json()
-        except ValueError:
+            body = decode.json_loads(response.content, what="submission-key lookup")
+        except ProtocolViolationError:
             body = {}
         body = body if isinstance(body, dict) else {}
         detail: dict[str, Any] = {"method": "submission-key lookup", "http_status": response.status_code}
@@ -155,6 +156,7 @@ class SubmissionKeyResolution:
         task_id = body.get("taskId")
         if response.status_code != 200 or not isinstance(task_id, str):
             raise ProtocolViolationError("submission-key lookup: unreadable answer", detail=detail)
+        task_id = decode.task_id(task_id)
         if body.get("sameSession") is not True:
             # The key's task exists, but in a session we no longer hold: it cannot be polled.
             raise SessionLostError(

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 from mcp_types import jsonrpc as rpc
 
+from adapters import decode, limits
 from adapters.base import (
     FetchedResult,
     InputWindow,
@@ -131,14 +132,6 @@ def _rpc_error(reply: RpcReply, *, invalid_params: type[AdapterError] = AdapterE
     return AdapterError(text, detail=detail)
 
 
-def _int_or_none(value: Any, *, field: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ProtocolViolationError(f"task field {field} is not a number", detail={"field": field})
-    return int(value)
-
-
 def _inline_result(data: dict[str, Any]) -> FetchedResult | None:
     status = data.get("status")
     if status == "completed":
@@ -164,12 +157,16 @@ def _input_requests(data: dict[str, Any], *, remote_id: str) -> tuple[ServerRequ
         return ()
     if not isinstance(raw, dict):
         raise ProtocolViolationError("inputRequests is not an object", detail={"taskId": remote_id})
+    decode.input_request_count(len(raw), what="inputRequests")
     requests = []
     for key, request in sorted(raw.items()):
         if not isinstance(request, dict) or request.get("method") not in INPUT_METHODS:
             raise ProtocolViolationError("input request of an unknown kind",
                                          detail={"taskId": remote_id, "key": str(key)[:200]})
-        requests.append(ServerRequest(request_id=str(key), method=request["method"],
+        if not isinstance(request.get("params", {}), dict):
+            raise ProtocolViolationError("input request params is not an object",
+                                         detail={"taskId": remote_id})
+        requests.append(ServerRequest(request_id=decode.server_request_id(str(key)), method=request["method"],
                                       params=dict(request.get("params") or {}),
                                       related_task_id=remote_id))
     return tuple(requests)
@@ -178,23 +175,17 @@ def _input_requests(data: dict[str, Any], *, remote_id: str) -> tuple[ServerRequ
 def _remote_task(data: Any, *, expect_id: str | None) -> RemoteTask:
     if not isinstance(data, dict):
         raise ProtocolViolationError("task is not an object")
-    task_id, status = data.get("taskId"), data.get("status")
-    if not isinstance(task_id, str) or not task_id:
-        raise ProtocolViolationError("task without a taskId")
-    if expect_id is not None and task_id != expect_id:
-        raise ProtocolViolationError("server answered about another task",
-                                     detail={"asked": expect_id, "got": task_id})
-    if status not in STATUSES:
-        raise ProtocolViolationError("task with an unknown status",
-                                     detail={"taskId": task_id, "status": str(status)[:50]})
-    message = data.get("statusMessage")
+    task_id = decode.task_id(data.get("taskId"))
+    if expect_id is not None:
+        decode.expect_same_task(asked=expect_id, got=task_id)
+    status = decode.status(data.get("status"), allowed=STATUSES)
     return RemoteTask(
         remote_id=task_id,
         status=status,
-        status_message=message if isinstance(message, str) else None,
-        poll_interval_ms=_int_or_none(data.get("pollIntervalMs"), field="pollIntervalMs"),
-        ttl_ms=_int_or_none(data.get("ttlMs"), field="ttlMs"),
-        created_at=data.get("createdAt") if isinstance(data.get("createdAt"), str) else None,
+        status_message=decode.status_message(data.get("statusMessage")),
+        poll_interval_ms=decode.poll_interval_ms(data.get("pollIntervalMs"), field="pollIntervalMs"),
+        ttl_ms=decode.ttl_ms(data.get("ttlMs"), field="ttlMs"),
+        created_at=decode.timestamp(data.get("createdAt")),
         raw=data,
         result=_inline_result(data),
         input_requests=_input_requests(data, remote_id=task_id),
@@ -214,11 +205,12 @@ class McpTasksExt2026Adapter:
         url: str,
         session_id: str | None = None,  # the extension has no sessions; accepted and ignored
         timeout_s: float = 30.0,
-        max_response_bytes: int = 8 * 1024 * 1024,
+        max_response_bytes: int = limits.DEFAULT_MAX_RESPONSE_BYTES,
         transport: httpx.BaseTransport | None = None,
+        request_deadline_s: float | None = None,
     ) -> None:
-        self._rpc = _RoutedClient(url=url, timeout_s=timeout_s,
-                                  max_response_bytes=max_response_bytes, transport=transport)
+        self._rpc = _RoutedClient(url=url, timeout_s=timeout_s, max_response_bytes=max_response_bytes,
+                                  transport=transport, request_deadline_s=request_deadline_s)
         self._rpc.headers["MCP-Protocol-Version"] = PROTOCOL_VERSION
         self._negotiated: Negotiated | None = None
         self._results: OrderedDict[str, FetchedResult] = OrderedDict()

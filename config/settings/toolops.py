@@ -23,6 +23,8 @@ TOOLOPS_DEFAULT_TTL_MS = env_int("TOOLOPS_DEFAULT_TTL_MS", 3_600_000)
 TOOLOPS_HTTP_TIMEOUT_SECONDS = env_float("TOOLOPS_HTTP_TIMEOUT_SECONDS", 30.0)
 # Largest result body accepted; larger is a protocol violation, never silently truncated.
 TOOLOPS_MAX_RESULT_BYTES = env_int("TOOLOPS_MAX_RESULT_BYTES", 8 * 1024 * 1024)
+# Wall-clock bound of one whole HTTP exchange with a server (headers and every body byte).
+TOOLOPS_REQUEST_DEADLINE_SECONDS = env_float("TOOLOPS_REQUEST_DEADLINE_SECONDS", 30.0)
 # Retries of a submit whose request provably never left (connection refused), same key each time.
 TOOLOPS_SUBMIT_UNSENT_RETRIES = env_int("TOOLOPS_SUBMIT_UNSENT_RETRIES", 3)
 # An operator must resolve a reconciliation item within this many seconds of its opening (15 min):

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from adapters import TaskAdapter, TransientError, adapter_for
 from adapters.base import RequestGate
+from adapters.registry import Bounds
 from ledger.models import ToolServer
 from toolops.metrics import qps_token_denied_inc
 from toolops.qps import qps_bucket, retry_spread_seconds, server_bucket_key
@@ -97,6 +98,8 @@ def adapter_for_server(*, server: ToolServer) -> TaskAdapter:
                 # Adapter settings negotiation stored (AIP-151: the configured methods).
                 options=(server.capabilities or {}).get("adapter_options"),
                 transport=_transport_factory(server) if _transport_factory is not None else None,
+                bounds=Bounds(request_deadline_s=float(settings.TOOLOPS_REQUEST_DEADLINE_SECONDS),
+                              max_response_bytes=int(settings.TOOLOPS_MAX_RESULT_BYTES)),
             )
             adapter.set_request_gate(server_request_gate(server=server))
             _cache[key] = adapter
