@@ -35,6 +35,14 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Fully offline docs: no validator badge from swagger.io, no web fonts (system fonts instead;
+    # the Redoc template override drops drf-spectacular's Google Fonts link).
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None, "persistAuthorization": True},
+    "REDOC_UI_SETTINGS": {"theme": {"typography": {
+        "fontFamily": "system-ui, -apple-system, 'Segoe UI', sans-serif",
+        "headings": {"fontFamily": "system-ui, -apple-system, 'Segoe UI', sans-serif"},
+        "code": {"fontFamily": "ui-monospace, 'DejaVu Sans Mono', monospace"},
+    }}},
     "COMPONENT_SPLIT_REQUEST": True,
 }
 

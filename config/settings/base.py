@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import dj_database_url
 
 from config.env import BASE_DIR, env_bool, env_str
@@ -23,6 +25,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files (admin, Swagger UI, Redoc) from the same process, with or without DEBUG, under
+    # runserver or any WSGI server: nothing else has to be set up to get a styled web UI.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -64,8 +69,23 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"
 LANGUAGE_CODE = "en-us"
+# Admin shows times to the second (operators compare events seconds apart), dates in ISO order.
+FORMAT_MODULE_PATH = ["toolops.formats"]
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+# `manage.py collectstatic` writes here; WhiteNoise serves it compressed with far-future headers.
+STATIC_ROOT = Path(env_str("TOOLOPS_STATIC_ROOT", str(BASE_DIR / "var" / "static")))
+try:  # WhiteNoise warns on every start when the directory is missing (before a collectstatic)
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+except OSError:
+    pass  # a read-only deployment has run collectstatic into an existing directory
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+# Without a collectstatic run (a fresh checkout, the demo), WhiteNoise finds files in the apps
+# themselves, so /static/ works at once. Set TOOLOPS_STATIC_FINDERS=0 in production after
+# collectstatic to serve only the collected set.
+WHITENOISE_USE_FINDERS = env_bool("TOOLOPS_STATIC_FINDERS", True)
 
 LOGGING = {
     "version": 1,

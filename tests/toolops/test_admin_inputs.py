@@ -47,11 +47,20 @@ def _answer_url(op: Operation) -> str:
 
 
 def test_changelist_lists_open_requests_with_an_answer_link(waiting: Operation) -> None:
-    client = _staff("view_inputrequest")
+    client = _staff("view_inputrequest", "change_inputrequest")
     page = client.get(reverse("admin:ledger_inputrequest_changelist"))
     assert page.status_code == 200
     html = page.content.decode()
     assert "which colour?" in html and str(waiting.id) in html and _answer_url(waiting) in html
+
+
+def test_a_view_only_user_sees_no_answer_link(waiting: Operation) -> None:
+    client = _staff("view_inputrequest")
+    html = client.get(reverse("admin:ledger_inputrequest_changelist")).content.decode()
+    assert "which colour?" in html and _answer_url(waiting) not in html
+    ir = InputRequest.objects.get(operation=waiting, round=1)
+    page = client.get(reverse("admin:ledger_inputrequest_change", args=[ir.pk])).content.decode()
+    assert "which colour?" in page and _answer_url(waiting) not in page
 
 
 def test_answer_needs_the_change_permission(waiting: Operation) -> None:
