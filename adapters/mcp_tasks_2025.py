@@ -7,10 +7,14 @@ shape the code:
 * `-32602` means "unknown/expired/other session" everywhere, and "already terminal" only
   in answer to tasks/cancel;
 * input requests are delivered once, on an open tasks/result stream. mcp 1.30 keeps
-  serving every tasks/result request it received until the task ends and sends later
-  input requests to one of them; one whose client went away drops them (observed: round 2
-  of a two-round elicitation lost after the first stream was closed). So `read_input`
-  keeps one stream per task open, process-wide, across calls and adapter instances.
+  serving every tasks/result request it received until the task ends (a client that only
+  hangs up does not stop it) and hands later input requests to whichever of them dequeues
+  first; one whose client went away drops them (round 2 of a two-round elicitation lost once
+  the process that read round 1 exited). So a stream is held only for one bounded
+  `read_input`, and released with `notifications/cancelled` for its request: the server
+  stops that handler, and what it queues later waits for the next tasks/result, from any
+  process. The release reads on until the stream ends, so nothing sent before the cancel
+  took effect is lost (docs/conformance.md, "Input rounds across processes").
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ RELATED_TASK_META = "io.modelcontextprotocol/related-task"
 INPUT_METHODS = frozenset({"elicitation/create", "sampling/createMessage"})
 # After the first input request, wait this long for siblings before handing the batch over.
 INPUT_GRACE_S = 0.3
+# After cancelling a held stream, read on this long for what the server sent before the cancel.
+RELEASE_DRAIN_S = 1.0
 MAX_PAGES = 100  # tools/list and tasks/list: a server looping on cursors must not hang us
 CLIENT_INFO = {"name": "toolops", "version": "1"}
 # The gate answers form elicitations and sampling requests; URL elicitation is not offered.
@@ -407,6 +413,16 @@ class McpTasks2025Adapter(SubmissionKeyResolution):
         self.pending_server_requests = [r for r in self.pending_server_requests if r not in collected]
         stream, fresh = self._input_stream(remote_id)
         result: FetchedResult | None = None
+        try:
+            result = self._read_window(stream, fresh=fresh, remote_id=remote_id,
+                                       deadline=deadline, collected=collected)
+        finally:
+            self._release_stream(remote_id, collected=collected)
+        return InputWindow(requests=tuple(collected), result=result)
+
+    def _read_window(self, stream: MessageStream, *, fresh: bool, remote_id: str, deadline: float,
+                     collected: list[ServerRequest]) -> FetchedResult | None:
+        result: FetchedResult | None = None
         while (remaining := deadline - time.monotonic()) > 0:
             item = stream.next_item(timeout_s=min(remaining, INPUT_GRACE_S) if collected else remaining)
             if item is None:
@@ -428,7 +444,31 @@ class McpTasks2025Adapter(SubmissionKeyResolution):
                     # Hand over what was read; the stream is gone, the next read opens a new one.
                 break
             self._route_stream_message(item, remote_id=remote_id, collected=collected)
-        return InputWindow(requests=tuple(collected), result=result)
+        return result
+
+    def _release_stream(self, remote_id: str, *, collected: list[ServerRequest]) -> None:
+        """Stop holding the task's stream: cancel its request on the server, then read what
+        the server sent before the cancel took effect, up to the end of the stream."""
+        key = (self._rpc.url, self._session_id, remote_id)
+        with _INPUT_STREAMS_LOCK:
+            stream = _INPUT_STREAMS.pop(key, None)
+        if stream is None or stream.finished:
+            return
+        cancelled = {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                     "params": {"requestId": stream.request_id, "reason": "input read window over"}}
+        try:
+            self._rpc.post_message(message=cancelled, what="notifications/cancelled")
+        except AdapterError:
+            # Not sent (rate limited, connection refused): the server keeps the handler; a later
+            # read opens another stream. Nothing read is lost: we still drain below.
+            pass
+        drain_until = time.monotonic() + RELEASE_DRAIN_S
+        while (remaining := drain_until - time.monotonic()) > 0:
+            item = stream.next_item(timeout_s=remaining)
+            if item is None or isinstance(item, StreamEnd):
+                break
+            self._route_stream_message(item, remote_id=remote_id, collected=collected)
+        stream.close()
 
     @staticmethod
     def _is_input_for(request: ServerRequest, remote_id: str) -> bool:

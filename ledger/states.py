@@ -31,6 +31,10 @@ S = State
 # Beyond design.md's diagram:
 # - SUBMITTING -> TERMINAL_OBSERVED: a synchronous fallback call (or a create reply that is already
 #   terminal) hands us the terminal result with the submit answer itself.
+# - SUBMITTING -> INPUT_REQUIRED: a create reply may carry any task status; one that is already
+#   `input_required` opens input round 1, the remote id recorded in the same transaction.
+# The conformance table (toolops/conformance.py) names, per adapter, every position where a
+# server states a status and the move each status causes; a test checks each move is in here.
 # - CANCEL_REQUESTED -> INPUT_REQUIRED | WORKING: a cancel whose ack was lost keeps polling, and the
 #   server may still report those; the cancel generation stays bumped, so acceptance still checks it.
 # - every in-flight state -> RECONCILIATION_REQUIRED: what the executor cannot prove (404 without a
@@ -38,7 +42,9 @@ S = State
 # - RECONCILIATION_REQUIRED resolutions: a remote id found by hand (WORKING), proof of never created
 #   (NOT_FOUND_SAFE), a terminal state observed with evidence (TERMINAL_OBSERVED), abandoned.
 TRANSITIONS: dict[State, frozenset[State]] = {
-    S.SUBMITTING: frozenset({S.WORKING, S.SUBMISSION_UNKNOWN, S.TERMINAL_OBSERVED}),
+    S.SUBMITTING: frozenset(
+        {S.WORKING, S.INPUT_REQUIRED, S.SUBMISSION_UNKNOWN, S.TERMINAL_OBSERVED}
+    ),
     S.SUBMISSION_UNKNOWN: frozenset({S.WORKING, S.NOT_FOUND_SAFE, S.RECONCILIATION_REQUIRED}),
     S.WORKING: frozenset(
         {S.INPUT_REQUIRED, S.CANCEL_REQUESTED, S.TERMINAL_OBSERVED, S.RECONCILIATION_REQUIRED}

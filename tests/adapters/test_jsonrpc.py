@@ -524,7 +524,8 @@ def _elicit(request_id: str, task_id: str = TASK_ID) -> dict[str, Any]:
 
 
 def test_read_input_returns_after_a_short_grace_and_never_past_wait_s() -> None:
-    release = threading.Event()
+    releases: list[threading.Event] = []
+    cancelled: list[Any] = []
     steps = [
         (0.05, sse(_elicit("e1"))),
         (0.05, sse(_elicit("e9", task_id="other"))),
@@ -532,9 +533,14 @@ def test_read_input_returns_after_a_short_grace_and_never_past_wait_s() -> None:
     ]
 
     def handler(body: dict[str, Any], request: httpx.Request) -> httpx.Response:
-        return httpx.Response(
-            200, headers={"content-type": "text/event-stream"}, stream=SlowStream(steps, release)
-        )
+        if body.get("method") == "notifications/cancelled":
+            # As the SDK server does: the cancelled request's stream ends.
+            cancelled.append(body["params"]["requestId"])
+            releases[-1].set()
+            return httpx.Response(202)
+        releases.append(threading.Event())
+        stream = SlowStream(steps if len(releases) == 1 else [], releases[-1])
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=stream)
 
     adapter, _ = make(handler)
     try:
@@ -544,32 +550,40 @@ def test_read_input_returns_after_a_short_grace_and_never_past_wait_s() -> None:
         assert [r.request_id for r in window.requests] == ["e1", "e2"] and window.result is None
         assert elapsed < 1.5  # returned after the grace, not after wait_s
         assert [r.request_id for r in adapter.pending_server_requests] == ["e9"]  # other task: kept aside
+        assert len(cancelled) == 1  # the stream was released on the server, not just dropped
         started = time.monotonic()
-        window = adapter.read_input(remote_id=TASK_ID, wait_s=0.5)  # the same stream, now silent
-        assert window.requests == () and 0.4 < time.monotonic() - started < 1.5
+        window = adapter.read_input(remote_id=TASK_ID, wait_s=0.5)  # a new stream, silent
+        assert window.requests == () and 0.4 < time.monotonic() - started < 2.0
+        assert len(releases) == 2 and len(cancelled) == 2
     finally:
-        release.set()
+        for release in releases:
+            release.set()
         adapter.close()
 
 
-def test_read_input_reopens_a_kept_stream_that_died_meanwhile() -> None:
+def test_read_input_release_keeps_what_the_server_sent_before_the_cancel() -> None:
+    """A request the server put on the stream just before it saw our cancel is still read: it
+    was dequeued on the server and exists nowhere else."""
     release = threading.Event()
-    opened: list[str] = []
+    late = threading.Event()
+
+    class LateStream(httpx.SyncByteStream):
+        def __iter__(self) -> Iterator[bytes]:
+            yield sse(_elicit("e1"))
+            late.wait(5)
+            yield sse(_elicit("e2"))  # sent while our cancel was on its way
+            release.wait(5)
 
     def handler(body: dict[str, Any], request: httpx.Request) -> httpx.Response:
-        opened.append(body["method"])
-        if len(opened) == 1:  # first stream: one request, then the connection drops
-            stream = SlowStream([(0.0, sse(_elicit("e1"))), (0.6, b"")], release, idle=False)
-            return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=stream)
-        return sse_response(_elicit("e2"))
+        if body.get("method") == "notifications/cancelled":
+            late.set()
+            return httpx.Response(202)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=LateStream())
 
     adapter, _ = make(handler)
     try:
-        assert [r.request_id for r in adapter.read_input(remote_id=TASK_ID, wait_s=5.0).requests] == ["e1"]
-        time.sleep(0.8)  # the kept stream ends without a response while nobody reads
-        window = adapter.read_input(remote_id=TASK_ID, wait_s=5.0)
-        assert [r.request_id for r in window.requests] == ["e2"]
-        assert opened == ["tasks/result", "tasks/result"]
+        window = adapter.read_input(remote_id=TASK_ID, wait_s=2.0)
+        assert [r.request_id for r in window.requests] == ["e1", "e2"]
     finally:
         release.set()
 

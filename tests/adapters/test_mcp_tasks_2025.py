@@ -251,14 +251,9 @@ def test_read_input_without_input_is_bounded(adapter: McpTasks2025Adapter, peer_
     window = adapter.read_input(remote_id=task.remote_id, wait_s=0.5)
     assert window.requests == () and window.result is None
     assert time.monotonic() - started < 2.0
-    # The stream stays open for later rounds; cancel closes it and its reader thread ends.
-    stream = _INPUT_STREAMS[(peer_url, adapter.session_id, task.remote_id)]
-    assert stream.reading
-    adapter.cancel(remote_id=task.remote_id)
-    deadline = time.monotonic() + 3.0
-    while stream.reading and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not stream.reading
+    # The stream is not held past the read: it was cancelled on the server and read to its end,
+    # so no handler of ours is left to swallow a later request (docs/conformance.md).
+    assert (peer_url, adapter.session_id, task.remote_id) not in _INPUT_STREAMS
 
 
 def test_cancel_working_task_then_cancel_again(adapter: McpTasks2025Adapter) -> None:

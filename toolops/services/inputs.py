@@ -77,22 +77,32 @@ def _request_key(request_id: str | int) -> str:
 # -- opening rounds -----------------------------------------------------------------------
 
 
+def _read_server_requests(*, op: Operation, remote_id: str) -> tuple[list[ServerRequest], bool]:
+    """One bounded read of the task's input channel: (its requests, whether a result came too).
+
+    Raises AdapterError. Whatever the read returns is persisted by the caller at once: the
+    server hands each request out once (mcp-tasks.md section 2.5), so an unpersisted one is lost.
+    """
+    window = server_call(
+        server=op.server, purpose="input",
+        fn=lambda adapter: adapter.read_input(remote_id=remote_id, wait_s=INPUT_READ_WAIT_S),
+        follow_up=True,
+    )
+    requests = [r for r in window.requests if r.related_task_id in (None, remote_id)]
+    return requests, window.result is not None
+
+
 def operation_open_input_round(
     *, op: Operation, lease_owner: str, task: RemoteTask, fields: dict[str, Any],
     data: dict[str, Any],
 ) -> str:
     """`input_required` seen while WORKING: read the server's request and open its round."""
     try:
-        window = server_call(
-            server=op.server, purpose="input",
-            fn=lambda adapter: adapter.read_input(remote_id=op.remote_id, wait_s=INPUT_READ_WAIT_S),
-            follow_up=True,
-        )
+        requests, result_seen = _read_server_requests(op=op, remote_id=op.remote_id)
     except AdapterError as exc:
         operation_reschedule_after_error(op=op, lease_owner=lease_owner, error=exc,
                                          kind="input_read_error")
         return "input_read_error"
-    requests = [r for r in window.requests if r.related_task_id in (None, op.remote_id)]
     with transaction.atomic():
         # Lock order: the operation row, then its input rows.
         locked = Operation.objects.select_for_update().get(id=op.id)
@@ -101,8 +111,7 @@ def operation_open_input_round(
             # read): it writes nothing, not even a note, since an event stamped with the row's
             # current epoch would be a lie. operation_poll records an epoch refusal.
             return "stale"
-        fresh = [r for r in requests if not InputRequest.objects.filter(
-            operation_id=op.id, server_request_id=_request_key(r.request_id)).exists()]
+        fresh = _unseen(operation_id=op.id, requests=requests)
         if locked.state != State.WORKING:
             fresh = []  # moved on (a cancel) under our lease: release it, the status decides
         if not fresh:
@@ -119,7 +128,7 @@ def operation_open_input_round(
                 execution_epoch=locked.execution_epoch, cancel_generation=locked.cancel_generation,
                 from_state=locked.state, to_state=locked.state, server_state=task.status,
                 data={**data, "requests_seen": [_request_key(r.request_id) for r in requests],
-                      "result_seen": window.result is not None},
+                      "result_seen": result_seen},
             )
             return "input_required_replayed"
         rounds = _create_rounds(op=locked, requests=fresh, now=timezone.now())
@@ -132,6 +141,52 @@ def operation_open_input_round(
                         "server_request_ids": [r.server_request_id for r in rounds]},
         )
     return "input_required"
+
+
+def _unseen(*, operation_id: uuid.UUID, requests: list[ServerRequest]) -> list[ServerRequest]:
+    return [r for r in requests if not InputRequest.objects.filter(
+        operation_id=operation_id, server_request_id=_request_key(r.request_id)).exists()]
+
+
+def operation_open_round_on_create(
+    *, op: Operation, lease_owner: str, task: RemoteTask, fields: dict[str, Any],
+) -> bool:
+    """A create reply that is already `input_required`: open round 1 from SUBMITTING.
+
+    The request is read first (still under the submitter's lease, nothing recorded yet), then ONE
+    transaction records the remote id, moves SUBMITTING -> INPUT_REQUIRED and opens the round, so
+    no reader ever sees the row waiting for input without its round. False when no request could
+    be read: the caller records the reply as WORKING and the next poll opens the round.
+    """
+    try:
+        requests, _ = _read_server_requests(op=op, remote_id=task.remote_id)
+    except AdapterError as exc:
+        logger.info("create reply of %s is input_required; request not read yet: %s", op.id, exc)
+        return False
+    if not requests:
+        return False
+    with transaction.atomic():
+        locked = Operation.objects.select_for_update().get(id=op.id)
+        if (locked.state != State.SUBMITTING or locked.lease_owner != lease_owner
+                or locked.execution_epoch != op.execution_epoch):
+            return False  # the caller's own transition then meets the same guard and says why
+        rounds = _create_rounds(op=locked, requests=requests, now=timezone.now())
+        operation_transition(
+            operation_id=op.id, from_state=State.SUBMITTING, to_state=State.INPUT_REQUIRED,
+            execution_epoch=locked.execution_epoch, lease_owner=lease_owner,
+            updates={**fields, "remote_id": task.remote_id, **RELEASE, "next_poll_at": None,
+                     "input_round": rounds[-1].round},
+            event_kind="submitted",
+            event_data={"remote_id": task.remote_id, "reply": task.raw},
+        )
+        event_append_locked(
+            operation_id=op.id, kind="input_round_opened", execution_epoch=locked.execution_epoch,
+            cancel_generation=locked.cancel_generation, from_state=State.INPUT_REQUIRED,
+            to_state=State.INPUT_REQUIRED, server_state=task.status,
+            data={"rounds": [r.round for r in rounds], "position": "create_reply",
+                  "server_request_ids": [r.server_request_id for r in rounds]},
+        )
+    return True
 
 
 def _create_rounds(*, op: Operation, requests: list[ServerRequest], now: datetime

@@ -37,6 +37,7 @@ from toolops.errors import ServerNotFound, SubmissionKeyTaken, SubmitRefused
 from toolops.services.adapters_admin import adapter_assert_accepting
 from toolops.services.connections import RateLimited, server_call
 from toolops.services.executors import TASKS, operation_refuse_stale
+from toolops.services.inputs import operation_open_round_on_create
 from toolops.services.negotiation import server_offers_tasks
 from toolops.services.observe import task_schedule_fields
 from toolops.services.remote_ids import submit_reply_record
@@ -357,13 +358,19 @@ def _record_task_reply(*, op: Operation, owner: str, task: RemoteTask) -> Operat
         # Done on create (AIP-151 allows it): fetch and accept now, still under our lease.
         operation_fetch_and_accept(operation_id=op.id, lease_owner=owner)
         return Operation.objects.get(id=op.id)
+    fields = task_schedule_fields(op=op, task=task, now=now)
+    if task.status == "input_required":
+        # Round 1 opens with the reply (SUBMITTING -> INPUT_REQUIRED); if its request cannot be
+        # read yet, the row is WORKING and due now, and the poll opens the round.
+        if operation_open_round_on_create(op=op, lease_owner=owner, task=task, fields=fields):
+            return Operation.objects.get(id=op.id)
+        fields["next_poll_at"] = timezone.now()
     operation_transition(
-        operation_id=op.id, from_state=State.SUBMITTING,
-        to_state=State.INPUT_REQUIRED if task.status == "input_required" else State.WORKING,
+        operation_id=op.id, from_state=State.SUBMITTING, to_state=State.WORKING,
         execution_epoch=op.execution_epoch, lease_owner=owner,
         updates={
             "remote_id": task.remote_id,
-            **task_schedule_fields(op=op, task=task, now=now),
+            **fields,
             "lease_owner": "",
             "lease_expires_at": None,
         },
