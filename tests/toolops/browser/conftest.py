@@ -155,11 +155,11 @@ def page(request: pytest.FixtureRequest, browser: Any, web_url: str) -> Iterator
     context.close()
 
 
-def shot(page: Any, name: str) -> None:
+def shot(page: Any, name: str, *, full_page: bool = False) -> None:
     """Keep a screenshot of this page when TOOLOPS_BROWSER_SHOTS is set (docs/screenshots/)."""
     if os.environ.get("TOOLOPS_BROWSER_SHOTS"):
         SHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=False)
+        page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=full_page)
 
 
 def login(page: Any, *, username: str, password: str) -> None:

@@ -11,7 +11,15 @@ from django.contrib.admin.models import LogEntry
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from ledger.models import InputRequest, Operation, OperationEvent, ReconciliationItem, ToolServer
+from ledger.models import (
+    InputRequest,
+    Operation,
+    OperationEvent,
+    OutboxEvent,
+    ReconciliationItem,
+    TerminalReceipt,
+    ToolServer,
+)
 from ledger.states import State
 from tests.ledger.factories import OperationFactory, ToolServerFactory
 from tests.toolops.browser.conftest import assert_clean, login, shot
@@ -85,7 +93,17 @@ def test_find_a_stuck_operation_by_remote_id_prefix_and_resolve_it(page: Any, op
 
 
 def _long_operation(events: int) -> Operation:
-    op = OperationFactory(remote_id="task-long-0001", state=State.ACCEPTED, server_state="completed")
+    op = OperationFactory(remote_id="task-long-0001", state=State.ACCEPTED, server_state="completed",
+                          terminal_status="completed", result_kind="result", result_digest="sha256:r",
+                          call_node_id="plan-7/step-3", tool_name="deep_research",
+                          result={"kind": "result", "is_error": False,
+                                  "payload": {"content": [{"type": "text", "text": "tides"}]}})
+    receipt = TerminalReceipt.objects.create(
+        operation=op, call_node_id=op.call_node_id, execution_epoch=1, terminal_status="completed",
+        request_digest=op.request_digest, remote_id=op.remote_id,
+        descriptor_version=op.descriptor_version, cancel_generation=0, result_digest="sha256:r",
+        payload=op.result)
+    OutboxEvent.objects.create(receipt=receipt, payload={"receipt_id": receipt.pk})
     start = timezone.now() - timedelta(seconds=events)
     rows = [OperationEvent(operation=op, seq=1, kind="created", to_state=State.SUBMITTING,
                            execution_epoch=1, cancel_generation=0),
@@ -102,7 +120,7 @@ def _long_operation(events: int) -> Operation:
     rows.append(OperationEvent(operation=op, seq=events, kind="accepted",
                                from_state=State.FETCHING_RESULT, to_state=State.ACCEPTED,
                                server_state="completed", execution_epoch=1, cancel_generation=0,
-                               data={"receipt_id": 1}))
+                               data={"receipt_id": receipt.pk}))
     OperationEvent.objects.bulk_create(rows)
     for event in OperationEvent.objects.filter(operation=op):
         OperationEvent.objects.filter(pk=event.pk).update(
@@ -128,8 +146,9 @@ def test_a_long_timeline_reads_as_a_few_lines(page: Any, operator: str) -> None:
     assert page.evaluate("document.documentElement.scrollHeight") < 4000
     for link in ("Receipt:", "Outbox:", "Reconciliation:", "Input rounds:", "Effect reconciliations:"):
         assert link in page.inner_text("#related")
-    page.locator("table.toolops-timeline").scroll_into_view_if_needed()
-    shot(page, "operation-timeline")
+    page.locator("#related a", has_text="completed").wait_for()
+    assert "not published yet" in page.inner_text("#related")
+    shot(page, "operation-timeline", full_page=True)
     assert str(op.id) in page.inner_text(".field-id")
     assert_clean(page)
 
