@@ -164,3 +164,13 @@ def test_view_only_staff_get_no_resolve_buttons_and_a_403_on_the_resolve_page() 
     url = reverse("admin:ledger_reconciliationitem_resolve", args=[item.id, "abandon"])
     assert client.post(url, {"apply": "1", "reason": "x"}).status_code == 403
     assert ReconciliationItem.objects.get(id=item.id).status == "open"
+
+
+def test_take_ownership_from_the_item_page() -> None:
+    from django.urls import reverse
+
+    client, user = _client(perms=("view_reconciliationitem", "resolve_reconciliationitem"))
+    item = _open_item()
+    taken = client.post(reverse("admin:ledger_reconciliationitem_take", args=[item.id]))
+    assert taken.status_code == 302
+    assert ReconciliationItem.objects.get(id=item.id).owner == user

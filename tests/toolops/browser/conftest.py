@@ -34,9 +34,6 @@ CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-d
                  "--disable-component-update", "--disable-sync"]
 SHOTS = Path(os.environ.get("TOOLOPS_BROWSER_SHOTS", REPO_ROOT / "var" / "browser-screenshots"))
 
-# Playwright's sync API runs an event loop in this thread; the test's own ORM calls are plain
-# blocking calls made between browser steps, never from inside the loop.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -124,14 +121,26 @@ class Watched:
             self.errors.append(f"{response.status} {response.url}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as pw:
-        instance = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield instance
-        instance.close()
+    # While Playwright runs, its sync API keeps an event loop in this thread, and Django refuses
+    # ORM calls under a running loop. The tests' own ORM calls (fixtures, checks, the database
+    # flush between tests) are plain blocking calls made between browser steps, never from inside
+    # that loop: allowed for exactly as long as Playwright runs.
+    before = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as pw:
+            instance = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            yield instance
+            instance.close()
+    finally:
+        if before is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = before
 
 
 @pytest.fixture
