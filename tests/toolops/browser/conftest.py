@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 import pytest
@@ -60,7 +60,8 @@ def static_root() -> Iterator[Path]:
 
 def _database_url() -> str:
     s = connection.settings_dict
-    return f"postgres://{s['USER']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+    who = quote(s["USER"] or "", safe="") + (f":{quote(s['PASSWORD'], safe='')}" if s["PASSWORD"] else "")
+    return f"postgres://{who}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
 
 
 @pytest.fixture
@@ -124,6 +125,10 @@ class Watched:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium; "
+                    ".ci/run does); Playwright's own browser download is not used")
 
     # While Playwright runs, its sync API keeps an event loop in this thread, and Django refuses
     # ORM calls under a running loop. The tests' own ORM calls (fixtures, checks, the database
