@@ -110,3 +110,7 @@ def test_effect_records_are_listed(waiting: Operation) -> None:
     client = _staff("view_effectreconciliation")
     page = client.get(reverse("admin:ledger_effectreconciliation_changelist"))
     assert page.status_code == 200 and "completed" in page.content.decode()
+    assert waiting.server.name in page.content.decode()
+    record = EffectReconciliation.objects.get(operation=waiting)
+    detail = client.get(reverse("admin:ledger_effectreconciliation_change", args=[record.pk]))
+    assert detail.status_code == 200 and b"poll" in detail.content

@@ -132,3 +132,45 @@ def test_unknown_rows_are_found_by_remote_id_or_submission_key_in_operation_admi
     url = "/admin/ledger/operation/"
     assert _ids(client.get(url, {"q": unknown.submission_key})) == {unknown.id}
     assert _ids(client.get(url, {"q": "task-gone"})) == {gone.id}
+
+
+def test_resolve_from_the_item_page_keeps_what_was_typed_when_refused_and_writes_history() -> None:
+    from django.contrib.admin.models import LogEntry
+    from django.urls import reverse
+
+    client, user = _client(perms=("view_reconciliationitem", "resolve_reconciliationitem"))
+    item = _open_item()
+    page = client.get(f"{URL}{item.id}/change/").content.decode()
+    url = reverse("admin:ledger_reconciliationitem_resolve", args=[item.id, "accept_terminal"])
+    assert url in page
+    refused = client.post(url, {"apply": "1", "terminal_status": "completed", "evidence": "",
+                                "reason": "console says done"})
+    html = refused.content.decode()
+    assert refused.status_code == 200 and "the evidence must carry what was seen" in html
+    assert "console says done" in html  # the reason typed is still in the form
+    done = client.post(url, {"apply": "1", "terminal_status": "completed",
+                             "evidence": '{"content": []}', "reason": "console says done"})
+    assert done.status_code == 302 and done["Location"] == f"{URL}{item.id}/change/"
+    assert LogEntry.objects.filter(user=user, object_id=str(item.id)).exists()
+    assert LogEntry.objects.filter(user=user, object_id=str(item.operation_id)).exists()
+
+
+def test_view_only_staff_get_no_resolve_buttons_and_a_403_on_the_resolve_page() -> None:
+    from django.urls import reverse
+
+    client, _ = _client(perms=("view_reconciliationitem",))
+    item = _open_item()
+    assert b"Resolve this item" not in client.get(f"{URL}{item.id}/change/").content
+    url = reverse("admin:ledger_reconciliationitem_resolve", args=[item.id, "abandon"])
+    assert client.post(url, {"apply": "1", "reason": "x"}).status_code == 403
+    assert ReconciliationItem.objects.get(id=item.id).status == "open"
+
+
+def test_take_ownership_from_the_item_page() -> None:
+    from django.urls import reverse
+
+    client, user = _client(perms=("view_reconciliationitem", "resolve_reconciliationitem"))
+    item = _open_item()
+    taken = client.post(reverse("admin:ledger_reconciliationitem_take", args=[item.id]))
+    assert taken.status_code == 302
+    assert ReconciliationItem.objects.get(id=item.id).owner == user

@@ -20,12 +20,13 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 
 from ledger.admin import operation_link as link_to_operation
 from ledger.models import EffectReconciliation, InputRequest
 from toolops.admin.forms import form_json_object
-from toolops.admin.operations import pretty_json
+from toolops.admin.operations import age, duration, pretty_json
 from toolops.services.inputs import ELICITATION_ACTIONS, InputAnswerRefused, operation_answer_input
 
 ANSWER_PERMISSION = "ledger.change_inputrequest"
@@ -80,8 +81,9 @@ class OpenFirstFilter(admin.SimpleListFilter):
 
 @admin.register(InputRequest)
 class InputRequestAdmin(_ReadOnly):
-    list_display = ("answer_link", "question", "round", "status", "created_at", "deadline",
-                    "operation_link", "server", "tool", "method", "answered")
+    # Narrow enough for 1400 px: ages instead of dates (the dates are in the tooltips).
+    list_display = ("answer_link", "question", "round", "status", "asked", "due", "operation_link",
+                    "server", "tool", "answered")
     list_filter = (OpenFirstFilter, "method", "operation__server")
     list_select_related = ("operation__server", "answered_by")
     date_hierarchy = "created_at"
@@ -114,6 +116,21 @@ class InputRequestAdmin(_ReadOnly):
         op = obj.operation
         return format_html("{} — {} on {} / {}, state {}", link_to_operation(op.id, short=False),
                            op.call_node_id, op.server.name, op.tool_name, op.state)
+
+    @admin.display(description="asked", ordering="created_at")
+    def asked(self, obj: InputRequest) -> str:
+        return format_html('<span title="{}">{} ago</span>',
+                           obj.created_at.strftime("%Y-%m-%d %H:%M:%S UTC"), age(obj.created_at))
+
+    @admin.display(description="deadline", ordering="deadline")
+    def due(self, obj: InputRequest) -> str:
+        left = (obj.deadline - timezone.now()).total_seconds()
+        if obj.status != InputRequest.Status.OPEN:
+            return "-"
+        when = obj.deadline.strftime("%Y-%m-%d %H:%M:%S UTC")
+        if left < 0:
+            return format_html('<strong title="{}">passed</strong>', when)
+        return format_html('<span title="{}">in {}</span>', when, duration(left))
 
     @admin.display(description="server", ordering="operation__server__name")
     def server(self, obj: InputRequest) -> str:

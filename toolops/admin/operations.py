@@ -74,7 +74,7 @@ def server_state_shown(op: Operation) -> str:
 
 @admin.register(Operation)
 class OperationAdmin(ReadOnlyAdmin):
-    list_display = ("short_id", "call_node_id", "server", "tool_name", "state", "server_state_column",
+    list_display = ("short_id", "call_node", "server", "tool_name", "state", "server_state_column",
                     "remote", "created_at", "age")
     list_display_links = ("short_id",)
     list_filter = ("state", "server", "adapter_version", "execution_mode", "tenant")
@@ -97,12 +97,19 @@ class OperationAdmin(ReadOnlyAdmin):
                      "executor_path")),
         ("Request and result", ("body_pretty", "result_pretty", "request_digest", "result_digest")),
     )
-    fieldsets = tuple((title, {"fields": fields}) for title, fields in _sections)
+    # The timeline below is what an operator reads; the bookkeeping sections start folded.
+    fieldsets = tuple(
+        (title, {"fields": fields, "classes": [] if title in ("Call", "State") else ["collapse"]})
+        for title, fields in _sections)
     readonly_fields = tuple(f for _, fields in _sections for f in fields)
 
     @admin.display(description="operation", ordering="id")
     def short_id(self, obj: Operation) -> str:
         return format_html('<span class="toolops-mono" title="{}">{}…</span>', obj.id, str(obj.id)[:8])
+
+    @admin.display(description="call node", ordering="call_node_id")
+    def call_node(self, obj: Operation) -> str:
+        return truncated(obj.call_node_id, width=28)
 
     @admin.display(description="remote id", ordering="remote_id")
     def remote(self, obj: Operation) -> str:

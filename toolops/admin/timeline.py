@@ -54,7 +54,7 @@ class TimelineEntry:
 
 
 def _foldable(entry: TimelineEntry, event: Mapping[str, Any]) -> bool:
-    return (event["kind"] in NOISE_KINDS and event["kind"] == entry.kind
+    return (event["kind"] in NOISE_KINDS and event["kind"] == entry.kind and not entry.state_change
             and event["from_state"] == event["to_state"] == entry.to_state
             and event["server_state"] == entry.server_state)
 
