@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ledger.models import Operation, OutboxEvent, ShadowComparison, TerminalReceipt, ToolServer
-from ledger.selectors_rollout import shadow_report
+from ledger.selectors.rollout import shadow_report
 from ledger.states import State
 from tests.peers.launch import peer_stats
 from toolops.runner import run_embedded

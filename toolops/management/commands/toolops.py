@@ -218,7 +218,7 @@ class Command(BaseCommand):
 
     def _reconcile(self, opts: dict[str, Any]) -> None:
         if opts["list"]:
-            from ledger.selectors_reconciliation import reconciliation_items_open
+            from ledger.selectors.reconciliation import reconciliation_items_open
 
             self._print([
                 {"item": i.id, "operation_id": str(i.operation_id), "reason": i.reason,
@@ -296,7 +296,7 @@ class Command(BaseCommand):
     def _rollout(self, opts: dict[str, Any]) -> None:
         import getpass
 
-        from ledger.selectors_rollout import shadow_report
+        from ledger.selectors.rollout import shadow_report
         from toolops.services.rollout import rollout_configure
 
         flags = {"on": True, "off": False, None: None}
