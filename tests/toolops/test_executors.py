@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection, transaction
@@ -24,17 +25,16 @@ from toolops.services.executors import (
 )
 from toolops.services.observe import operation_poll
 from toolops.services.rollout import operation_hand_over_locked
-from toolops.services.servers import server_add
 from toolops.services.submit import operation_submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def server(mcp_url: str) -> ToolServer:
+def server_options() -> dict[str, Any]:
     # A high QPS cap: these tests are about epochs and leases, and a poll refused its token
     # (rate_limited) right after the submit would never reach the epoch check.
-    return server_add(name="ref", url=mcp_url, sync_bounds={"quick_sync": 5.0}, max_qps=200)
+    return {"sync_bounds": {"quick_sync": 5.0}, "max_qps": 200}
 
 
 def _working(node: str, seconds: float = 2.0) -> Operation:

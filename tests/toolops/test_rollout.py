@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from ledger.models import Operation, OutboxEvent, ShadowComparison, TerminalReceipt, ToolServer
@@ -10,15 +12,14 @@ from ledger.states import State
 from tests.peers.launch import peer_stats
 from toolops.runner import run_embedded
 from toolops.services.rollout import canary_bucket, rollout_configure
-from toolops.services.servers import server_add
 from toolops.services.submit import operation_submit
 
 BOUNDS = {"read_value": 10.0, "write_value": 10.0, "quick_sync": 5.0}
 
 
 @pytest.fixture
-def server(mcp_url: str) -> ToolServer:
-    return server_add(name="ref", url=mcp_url, sync_bounds=BOUNDS)
+def server_options() -> dict[str, Any]:
+    return {"sync_bounds": BOUNDS}
 
 
 def _submit(tool: str, node: str, value: str = "v", seconds: float = 0.2) -> Operation:
