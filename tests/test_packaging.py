@@ -2,8 +2,9 @@
 
 Builds the wheel from a copy of the sources (so no build/ or *.egg-info lands in the checkout),
 installs it with its `reference-server` extra into a fresh venv, writes a minimal host project
-outside the repository, and runs `manage.py check` and `manage.py migrate` there. Dependencies come
-from the configured indexes (the pip cache makes a second run quick).
+outside the repository, and runs `manage.py check`, `manage.py migrate` and the demo there (the
+reference server and every setting come from the installed package, none from this checkout).
+Dependencies come from the configured indexes (the pip cache makes a second run quick).
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ REPO = Path(__file__).resolve().parents[1]
 PRODUCT = ("ledger", "adapters", "toolops")
 METADATA = ("pyproject.toml", "README.md", "requirements.txt", "requirements-reference-server.txt")
 
-pytestmark = pytest.mark.packaging
+# Slow by nature (a wheel build and a venv install): its own bound instead of the suite's 300 s.
+pytestmark = [pytest.mark.packaging, pytest.mark.timeout(1200)]
 
 HOST_SETTINGS = """
     from pathlib import Path
+
+    from toolops.defaults import *  # noqa: F403  (every TOOLOPS_* setting, with its default)
 
     BASE_DIR = Path(__file__).resolve().parent.parent
     SECRET_KEY = "host-project-test-key"
@@ -113,7 +117,7 @@ def _build_wheel(tmp: Path) -> Path:
     return wheel
 
 
-def test_wheel_installs_into_a_fresh_venv_and_a_host_project_checks_and_migrates(tmp_path: Path) -> None:
+def test_wheel_in_a_fresh_venv_serves_a_host_project_migrate_and_demo(tmp_path: Path) -> None:
     wheel = _build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/", 1)[0] for n in names if not n.startswith("toolops-")}
@@ -146,3 +150,6 @@ def test_wheel_installs_into_a_fresh_venv_and_a_host_project_checks_and_migrates
     # The apps' tables exist in the host's database and the command line is there.
     shown = _run([str(python), "manage.py", "toolops", "reconcile", "--list"], cwd=host)
     assert shown.stdout.strip() == "[]", shown.stdout
+    demo = _run([str(python), "manage.py", "toolops", "demo"], cwd=host, timeout=300)
+    assert "4/4 calls accepted" in demo.stdout, demo.stdout + demo.stderr
+    assert str(host / "host.sqlite3") in demo.stdout
