@@ -4,40 +4,7 @@ Host applications write `from toolops import api`; the functions and types live 
 `toolops.python_api` (the in-process API), beside `toolops.rest` (the HTTP API built on it).
 """
 
-from toolops.python_api import (
-    CancelRefused,
-    IdempotencyInProgress,
-    IdempotencyMismatch,
-    InputAnswerRefused,
-    InputRequestView,
-    OperationNotVisible,
-    OperationView,
-    ReceiptView,
-    RelayStats,
-    ToolopsError,
-    answer_input,
-    cancel_operation,
-    consume_outbox,
-    get_operation,
-    list_open_input_requests,
-    submit_call,
-)
+from toolops import python_api as _python_api
+from toolops.python_api import *  # noqa: F403
 
-__all__ = [
-    "CancelRefused",
-    "IdempotencyInProgress",
-    "IdempotencyMismatch",
-    "InputAnswerRefused",
-    "InputRequestView",
-    "OperationNotVisible",
-    "OperationView",
-    "ReceiptView",
-    "RelayStats",
-    "ToolopsError",
-    "answer_input",
-    "cancel_operation",
-    "consume_outbox",
-    "get_operation",
-    "list_open_input_requests",
-    "submit_call",
-]
+__all__ = list(_python_api.__all__)

@@ -4,7 +4,6 @@ claim of an older epoch is refused and recorded. Real transactions and threads o
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -16,7 +15,7 @@ from ledger.errors import AcceptanceRefused
 from ledger.models import Operation, OperationEvent, TerminalReceipt, ToolServer
 from ledger.services.acceptance import operation_accept_terminal
 from ledger.states import State
-from tests.concurrency import poll_in_thread
+from tests.concurrency import poll_in_thread, wait_for_lock_waiter
 from tests.ledger.factories import OperationFactory
 from toolops.services.executors import (
     executor_claim_due,
@@ -150,13 +149,7 @@ def test_worker_caught_mid_poll_by_an_epoch_bump_writes_nothing(server: ToolServ
     assert locked.wait(10)
     w = poll_in_thread(op, owner, outcome)
     # Wait until the worker's guarded UPDATE is queued behind the lock (pg_locks shows it).
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with connection.cursor() as cur:
-            cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
-            if cur.fetchone()[0] > 0:
-                break
-        time.sleep(0.05)
+    wait_for_lock_waiter()
     release.set()
     bumper.join(15)
     w.join(15)

@@ -134,11 +134,11 @@ def test_submit_that_chose_tasks_before_a_rollback_commits_is_refused_after(
     """The path is chosen from an unlocked read; the insert re-checks it under the config lock.
     A rollback holding that lock when the submit arrives wins, and nothing reaches the server."""
     import threading
-    import time
 
     from django.db import connection, transaction
 
     from ledger.models import RolloutConfig
+    from tests.concurrency import wait_for_lock_waiter
     from toolops.errors import SubmitRefused
 
     rollout_configure(server_name="ref", canary_percent=100.0, actor="t", reason="all tasks")
@@ -170,13 +170,7 @@ def test_submit_that_chose_tasks_before_a_rollback_commits_is_refused_after(
     assert locked.wait(10)
     submitter = threading.Thread(target=submit)
     submitter.start()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # until the submit's insert waits on the config lock
-        with connection.cursor() as cur:
-            cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
-            if cur.fetchone()[0] > 0:
-                break
-        time.sleep(0.05)
+    wait_for_lock_waiter()  # until the submit's insert waits on the config lock
     release.set()
     holder.join(15)
     submitter.join(15)
