@@ -7,9 +7,12 @@ A 10,000-series run takes many minutes on a loaded machine; a line per step (on 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from toolops.services.gate import GateReport
+from ledger.models import TerminalReceipt, ToolServer
+from toolops.services.gate import GateReport, gate_report
+from toolops.simulation.server import SimServer
 
 # One line per this many settled series at most (a 10,000-series run prints ten).
 PROGRESS_STEP_SERIES = 1000
@@ -27,6 +30,23 @@ class SimProgress:
     virtual_seconds: float
     polls: int
     gate: GateReport  # over the rows so far; divergence only for keys that already have a receipt
+
+
+def progress_snapshot(*, sims: Sequence[SimServer], servers: Sequence[ToolServer], settled: int,
+                      series: int, polls: int, virtual_seconds: float) -> SimProgress:
+    """The gate over the rows so far, against the simulated servers' ground truth."""
+    truth: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for sim in sims:
+        truth.update(sim.truth())
+        counts.update(sim.created_per_key)
+    # Mid-run, a task the server finished but we have not yet accepted is not a divergence.
+    receipted = set(TerminalReceipt.objects.filter(operation__server__in=servers)
+                    .values_list("operation__submission_key", flat=True))
+    gate = gate_report(server_names=[s.name for s in servers], peer_counts=counts,
+                       ground_truth={k: v for k, v in truth.items() if k in receipted})
+    return SimProgress(settled=settled, series=series, virtual_seconds=virtual_seconds, polls=polls,
+                       gate=gate)
 
 
 def progress_line(*, progress: SimProgress, elapsed_s: float) -> str:

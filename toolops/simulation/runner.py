@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from adapters.mcp_tasks_2025 import McpTasks2025Adapter
 from ledger.errors import LedgerError
-from ledger.models import InputRequest, Operation, TerminalReceipt, ToolServer
+from ledger.models import InputRequest, Operation, ToolServer
 from ledger.states import OPEN, State
 from toolops.errors import ToolopsError
 from toolops.qps import LocalTokenBucket, qps_bucket_replace
@@ -42,7 +42,7 @@ from toolops.simulation.clock import VirtualClock, virtual_time
 from toolops.simulation.faults_extra import ExtraFaults
 from toolops.simulation.plan import SeriesPlan, series_plan
 from toolops.simulation.pool import PollPool
-from toolops.simulation.progress import SimProgress, progress_step
+from toolops.simulation.progress import SimProgress, progress_snapshot, progress_step
 from toolops.simulation.server import EPOCH, TOOL, SimServer, SimTransport
 
 # Load shape: series arrive at ARRIVAL_PER_SERVER_S per server, each server capped at SERVER_QPS
@@ -304,18 +304,9 @@ class _Run:
         if self.on_progress is None or settled < self.next_progress:
             return
         self.next_progress = (settled // self.progress_every + 1) * self.progress_every
-        truth: dict[str, str] = {}
-        counts: dict[str, int] = {}
-        for sim in self.sims:
-            truth.update(sim.truth())
-            counts.update(sim.created_per_key)
-        # Mid-run, a task the server finished but we have not yet accepted is not a divergence.
-        receipted = set(TerminalReceipt.objects.filter(operation__server__in=self.servers)
-                        .values_list("operation__submission_key", flat=True))
-        gate = gate_report(server_names=[s.name for s in self.servers], peer_counts=counts,
-                           ground_truth={k: v for k, v in truth.items() if k in receipted})
-        self.on_progress(SimProgress(settled=settled, series=len(self.plans), polls=self.polls,
-                                     virtual_seconds=round(self.clock.now_s(), 1), gate=gate))
+        self.on_progress(progress_snapshot(
+            sims=self.sims, servers=self.servers, settled=settled, series=len(self.plans),
+            polls=self.polls, virtual_seconds=round(self.clock.now_s(), 1)))
 
     # -- verdict -------------------------------------------------------------------------
 
