@@ -47,7 +47,7 @@ def main() -> None:
     from django.core.management import call_command
 
     from ledger.models import OperationEvent
-    from tests.peers.launch import running_reference_server
+    from toolops.reference_server.launch import running_reference_server
     from toolops.services.cancel import operation_cancel
     from toolops.services.servers import server_add
     from toolops.services.submit import operation_submit

@@ -47,9 +47,9 @@ def main() -> None:
     from django.utils import timezone
 
     from ledger.models import Operation, OperationEvent, OutboxEvent, TerminalReceipt
-    from ledger.selectors_rollout import shadow_report
+    from ledger.selectors.rollout import shadow_report
     from ledger.states import OPEN
-    from tests.peers.launch import peer_stats, running_reference_server
+    from toolops.reference_server.launch import peer_stats, running_reference_server
     from toolops.services.executors import (
         executor_claim_due,
         executor_lease_owner,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from django.db import connection
 
@@ -25,3 +26,18 @@ def poll_in_thread(op: Operation, owner: str, out: list[str]) -> threading.Threa
     thread = threading.Thread(target=run)
     thread.start()
     return thread
+
+
+def wait_for_lock_waiter(*, timeout_s: float = 10.0) -> bool:
+    """Block until some transaction waits on a row or table lock (pg_locks shows it ungranted).
+
+    Used to release a lock holder only once the racing thread is really queued behind it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with connection.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            row = cur.fetchone()
+            if row is not None and row[0] > 0:
+                return True
+        time.sleep(0.05)
+    return False

@@ -13,7 +13,7 @@ from tests.peers.launch_ext import running_ext_server
 from toolops.services.connections import connections_use_transport
 
 # ext_server / aip_server rows for the lifecycle matrices (tests/toolops/test_lifecycle_matrix*.py).
-pytest_plugins = ["tests.toolops.conftest_lifecycle"]
+pytest_plugins = ["tests.toolops.fixtures_lifecycle"]
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from tests.peers.launch import running_peer
+from tests.peers.launch import REPO_ROOT, running_peer
 
 STARTUP_TIMEOUT_S = 20.0
 # The fake's tool method and operations prefix, as a server-add would configure them.
@@ -47,6 +47,6 @@ def running_aip_server() -> Iterator[str]:
         command=lambda port: [sys.executable, "-m", "tests.peers.aip151_server", "--host",
                               "127.0.0.1", "--port", str(port)],
         url_for=lambda port: f"http://127.0.0.1:{port}", ready=aip_stats,
-        startup_timeout_s=STARTUP_TIMEOUT_S,
+        startup_timeout_s=STARTUP_TIMEOUT_S, cwd=REPO_ROOT,
     ) as url:
         yield url

@@ -6,10 +6,26 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from ledger.models import ToolServer
+from toolops.services.servers import server_add
+
 REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def server_options() -> dict[str, Any]:
+    """Extra `server_add` arguments for the `server` row; a test module overrides this fixture."""
+    return {}
+
+
+@pytest.fixture
+def server(mcp_url: str, server_options: dict[str, Any]) -> ToolServer:
+    """The reference server registered as "ref" (negotiated over HTTP, as in production)."""
+    return server_add(name="ref", url=mcp_url, **server_options)
 
 
 @pytest.fixture

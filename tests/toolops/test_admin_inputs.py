@@ -10,15 +10,9 @@ from django.urls import reverse
 from ledger.models import EffectReconciliation, InputRequest, Operation, ToolServer
 from ledger.states import State
 from toolops.runner import run_embedded
-from toolops.services.servers import server_add
 from toolops.services.submit import operation_submit
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def server(mcp_url: str) -> ToolServer:
-    return server_add(name="ref", url=mcp_url)
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -17,14 +18,13 @@ from tests.ledger.factories import OperationFactory
 from tests.peers.launch import peer_stats
 from tests.toolops.api_fixtures import principal
 from toolops.runner import run_embedded
-from toolops.services.servers import server_add
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def server(mcp_url: str) -> ToolServer:
-    return server_add(name="ref", url=mcp_url, sync_bounds={"quick_sync": 5.0, "slow_sync": 10.0})
+def server_options() -> dict[str, Any]:
+    return {"sync_bounds": {"quick_sync": 5.0, "slow_sync": 10.0}}
 
 
 @pytest.fixture

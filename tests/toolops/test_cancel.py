@@ -25,26 +25,15 @@ from ledger.models import (
 )
 from ledger.selectors import operation_snapshot
 from ledger.states import State
+from tests.toolops.helpers import submit_tool_call
 from toolops.runner import run_embedded
 from toolops.services import connections as connections_service
 from toolops.services.cancel import CancelRefused, operation_cancel
 from toolops.services.connections import adapter_for_server
 from toolops.services.dispatch import operations_claim_due
 from toolops.services.observe import operation_poll
-from toolops.services.servers import server_add
-from toolops.services.submit import operation_submit
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def server(mcp_url: str) -> ToolServer:
-    return server_add(name="ref", url=mcp_url)
-
-
-def _submit(server: ToolServer, tool: str, node: str, **args: object) -> Operation:
-    return operation_submit(server_name=server.name, tool_name=tool, call_node_id=node,
-                            arguments=dict(args), ttl_ms=60_000)
 
 
 def _server_status(server: ToolServer, remote_id: str) -> str:
@@ -110,7 +99,7 @@ def _faulty_adapter(server: ToolServer, transport: httpx.BaseTransport) -> McpTa
 
 
 def test_cancel_wins_receipt_is_cancelled_without_success_payload(server: ToolServer) -> None:
-    op = _submit(server, "sleep_then_complete", "c-wins", seconds=5, value="never")
+    op = submit_tool_call(server, "sleep_then_complete", "c-wins", seconds=5, value="never")
     assert operation_cancel(operation_id=op.id) == "accepted:cancelled"
     snap = operation_snapshot(operation_id=op.id)
     assert snap["state"] == State.CANCELLED_ACCEPTED
@@ -128,7 +117,7 @@ def test_cancel_wins_receipt_is_cancelled_without_success_payload(server: ToolSe
 
 
 def test_completion_wins_the_race_and_the_cancel_is_recorded_as_lost(server: ToolServer) -> None:
-    op = _submit(server, "sleep_then_complete", "c-lost", seconds=0.05, value="won")
+    op = submit_tool_call(server, "sleep_then_complete", "c-lost", seconds=0.05, value="won")
     _wait_server_status(server, op.remote_id, {"completed"})  # our poller has not seen it yet
     assert operation_cancel(operation_id=op.id) == "accepted:completed"
     op.refresh_from_db()
@@ -145,7 +134,7 @@ def test_completion_wins_the_race_and_the_cancel_is_recorded_as_lost(server: Too
 def test_cancel_ack_lost_keeps_polling_until_the_server_says_cancelled(
     server: ToolServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    op = _submit(server, "sleep_then_complete", "c-ack-lost", seconds=5, value="never")
+    op = submit_tool_call(server, "sleep_then_complete", "c-ack-lost", seconds=5, value="never")
     transport = _FaultTransport(method="tasks/cancel", on_response=_drop)
     faulty = _faulty_adapter(server, transport)
     monkeypatch.setattr(connections_service, "adapter_for_server", lambda server: faulty)
@@ -190,8 +179,7 @@ class _RefusingTransport(httpx.BaseTransport):
 def test_unsent_cancel_is_sent_again_by_the_poller_even_during_input_required(
     server: ToolServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    op = operation_submit(server_name=server.name, tool_name="ask_input", call_node_id="c-unsent",
-                          arguments={"question": "q?"}, ttl_ms=60_000)
+    op = submit_tool_call(server, "ask_input", "c-unsent", question="q?")
     run_embedded(until_idle=True, max_seconds=15)
     op.refresh_from_db()
     assert op.state == State.INPUT_REQUIRED
@@ -228,7 +216,7 @@ def test_late_completion_after_accepted_cancel_creates_an_effect_record_only(
     """A stale worker's `tasks/get` is in flight when the cancel is accepted, and it reports a
     completion (what a server whose work outlives the cancel reports: mcp-tasks.md section 4; the
     reference peer stops the work, so the transport turns its real reply into that completion)."""
-    op = _submit(server, "sleep_then_complete", "c-late", seconds=5, value="late")
+    op = submit_tool_call(server, "sleep_then_complete", "c-late", seconds=5, value="late")
     Operation.objects.filter(id=op.id).update(next_poll_at=timezone.now())
     assert operations_claim_due(owner="stale-worker") == [op.id]
     transport = _FaultTransport(
@@ -254,7 +242,7 @@ def test_late_completion_after_accepted_cancel_creates_an_effect_record_only(
 def test_stale_cancelled_observation_after_accepted_cancel_is_no_effect(
     server: ToolServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    op = _submit(server, "sleep_then_complete", "c-stale", seconds=5, value="x")
+    op = submit_tool_call(server, "sleep_then_complete", "c-stale", seconds=5, value="x")
     Operation.objects.filter(id=op.id).update(next_poll_at=timezone.now())
     assert operations_claim_due(owner="stale-worker") == [op.id]
     transport = _FaultTransport(method="tasks/get", on_response=lambda req, resp: httpx.Response(
@@ -272,7 +260,7 @@ def test_stale_cancelled_observation_after_accepted_cancel_is_no_effect(
 
 
 def test_cancel_of_a_finished_operation_is_refused_and_recorded(server: ToolServer) -> None:
-    op = _submit(server, "sleep_then_complete", "c-done", seconds=0.05, value="v")
+    op = submit_tool_call(server, "sleep_then_complete", "c-done", seconds=0.05, value="v")
     run_embedded(until_idle=True, max_seconds=15)
     with pytest.raises(CancelRefused, match="is ACCEPTED"):
         operation_cancel(operation_id=op.id)
@@ -284,7 +272,7 @@ def test_cancel_of_a_finished_operation_is_refused_and_recorded(server: ToolServ
 
 def test_second_cancel_while_requested_is_refused(server: ToolServer,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    op = _submit(server, "sleep_then_complete", "c-twice", seconds=5, value="v")
+    op = submit_tool_call(server, "sleep_then_complete", "c-twice", seconds=5, value="v")
     faulty = _faulty_adapter(server, _FaultTransport(method="tasks/cancel", on_response=_drop))
     monkeypatch.setattr(connections_service, "adapter_for_server", lambda server: faulty)
     assert operation_cancel(operation_id=op.id) == "cancel_ack_lost"
@@ -296,7 +284,7 @@ def test_second_cancel_while_requested_is_refused(server: ToolServer,
 
 
 def test_wait_budget_running_out_never_sends_a_cancel(server: ToolServer) -> None:
-    op = _submit(server, "sleep_then_complete", "c-budget", seconds=5, value="v")
+    op = submit_tool_call(server, "sleep_then_complete", "c-budget", seconds=5, value="v")
     Operation.objects.filter(id=op.id).update(expires_at=timezone.now() - timedelta(seconds=1),
                                               next_poll_at=timezone.now())
     run_embedded(until_idle=True, max_seconds=10)
@@ -307,7 +295,7 @@ def test_wait_budget_running_out_never_sends_a_cancel(server: ToolServer) -> Non
 
 
 def test_cancel_from_input_required_withdraws_the_open_round(server: ToolServer) -> None:
-    op = _submit(server, "ask_input", "c-input", question="colour?")
+    op = submit_tool_call(server, "ask_input", "c-input", question="colour?")
     run_embedded(until_idle=True, max_seconds=15)
     op.refresh_from_db()
     assert op.state == State.INPUT_REQUIRED
@@ -318,7 +306,7 @@ def test_cancel_from_input_required_withdraws_the_open_round(server: ToolServer)
 
 
 def test_cancel_command_prints_the_operation(server: ToolServer) -> None:
-    op = _submit(server, "sleep_then_complete", "c-cli", seconds=5, value="v")
+    op = submit_tool_call(server, "sleep_then_complete", "c-cli", seconds=5, value="v")
     out = io.StringIO()
     call_command("toolops", "cancel", op.remote_id, stdout=out)
     shown = json.loads(out.getvalue())
@@ -333,7 +321,7 @@ def test_concurrent_cancels_bump_the_generation_once(server: ToolServer) -> None
 
     from django.db import connection
 
-    op = _submit(server, "sleep_then_complete", "c-race", seconds=5, value="v")
+    op = submit_tool_call(server, "sleep_then_complete", "c-race", seconds=5, value="v")
     barrier = threading.Barrier(4)
     outcomes: list[str] = []
 

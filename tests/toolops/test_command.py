@@ -57,5 +57,16 @@ def test_errors_exit_non_zero_with_one_line_and_write_nothing(cli, args, message
 
 def test_demo_runs_on_the_embedded_default(cli) -> None:  # type: ignore[no-untyped-def]
     proc = cli("toolops", "demo")
-    assert "4/4 calls accepted" in proc.stdout
-    assert "database: sqlite" in proc.stdout
+    out = proc.stdout
+    assert "4/4 calls accepted" in out
+    assert "database: sqlite" in out
+    # A newcomer reads it without the source: the legend once, a failed call as a failure with its
+    # error text, and the synchronous call counted beside the polls.
+    assert out.count("Local states (ours") == 1 and "docs/state-table.md" in out
+    failed = out.split("sleep_then_fail [", 1)[1].split("\n\n", 1)[0]
+    assert "outcome: FAILED" in failed and "error:   upload is corrupt" in failed
+    assert "empty is_error" not in out
+    is_error = out.split("sleep_then_is_error [", 1)[1].split("\n\n", 1)[0]
+    assert "isError=true" in is_error and "3 rows rejected" in is_error
+    assert "accepted_at_submit     1" in out
+    assert "plus 1 synchronous call(s) accepted at submit" in out

@@ -4,8 +4,8 @@ claim of an older epoch is refused and recorded. Real transactions and threads o
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection, transaction
@@ -15,7 +15,7 @@ from ledger.errors import AcceptanceRefused
 from ledger.models import Operation, OperationEvent, TerminalReceipt, ToolServer
 from ledger.services.acceptance import operation_accept_terminal
 from ledger.states import State
-from tests.concurrency import poll_in_thread
+from tests.concurrency import poll_in_thread, wait_for_lock_waiter
 from tests.ledger.factories import OperationFactory
 from toolops.services.executors import (
     executor_claim_due,
@@ -24,17 +24,16 @@ from toolops.services.executors import (
 )
 from toolops.services.observe import operation_poll
 from toolops.services.rollout import operation_hand_over_locked
-from toolops.services.servers import server_add
 from toolops.services.submit import operation_submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def server(mcp_url: str) -> ToolServer:
+def server_options() -> dict[str, Any]:
     # A high QPS cap: these tests are about epochs and leases, and a poll refused its token
     # (rate_limited) right after the submit would never reach the epoch check.
-    return server_add(name="ref", url=mcp_url, sync_bounds={"quick_sync": 5.0}, max_qps=200)
+    return {"sync_bounds": {"quick_sync": 5.0}, "max_qps": 200}
 
 
 def _working(node: str, seconds: float = 2.0) -> Operation:
@@ -150,13 +149,7 @@ def test_worker_caught_mid_poll_by_an_epoch_bump_writes_nothing(server: ToolServ
     assert locked.wait(10)
     w = poll_in_thread(op, owner, outcome)
     # Wait until the worker's guarded UPDATE is queued behind the lock (pg_locks shows it).
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with connection.cursor() as cur:
-            cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
-            if cur.fetchone()[0] > 0:
-                break
-        time.sleep(0.05)
+    wait_for_lock_waiter()
     release.set()
     bumper.join(15)
     w.join(15)

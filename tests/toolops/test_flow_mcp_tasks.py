@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from ledger.models import Operation, OperationEvent, OutboxEvent, TerminalReceipt, ToolServer
@@ -9,22 +11,16 @@ from ledger.selectors import operation_snapshot
 from ledger.states import State
 from tests.ledger.factories import OperationFactory
 from tests.peers.launch import peer_stats
+from tests.toolops.helpers import submit_tool_call
 from toolops.errors import SubmitRefused
 from toolops.runner import run_embedded
-from toolops.services.servers import server_add
-from toolops.services.submit import operation_submit
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def server(mcp_url: str) -> ToolServer:
-    return server_add(name="ref", url=mcp_url, sync_bounds={"quick_sync": 5.0})
-
-
-def _submit(server: ToolServer, tool: str, node: str, **args: object) -> Operation:
-    return operation_submit(server_name=server.name, tool_name=tool, call_node_id=node,
-                            arguments=dict(args), ttl_ms=60_000)
+def server_options() -> dict[str, Any]:
+    return {"sync_bounds": {"quick_sync": 5.0}}
 
 
 def _run_until_settled() -> None:
@@ -41,7 +37,7 @@ def test_server_add_negotiates_tasks_and_persists_session(server: ToolServer) ->
 
 
 def test_completed_task_is_fetched_digested_and_accepted(server: ToolServer, mcp_url: str) -> None:
-    op = _submit(server, "sleep_then_complete", "n-complete", seconds=0.3, value="teal")
+    op = submit_tool_call(server, "sleep_then_complete", "n-complete", seconds=0.3, value="teal")
     assert op.state == State.WORKING and op.remote_id
     assert peer_stats(mcp_url)["submission_keys"].get(op.submission_key) == 1
     _run_until_settled()
@@ -59,7 +55,7 @@ def test_completed_task_is_fetched_digested_and_accepted(server: ToolServer, mcp
 
 
 def test_failed_task_is_accepted_as_failed(server: ToolServer) -> None:
-    op = _submit(server, "sleep_then_fail", "n-fail", seconds=0.2, message="disk full")
+    op = submit_tool_call(server, "sleep_then_fail", "n-fail", seconds=0.2, message="disk full")
     _run_until_settled()
     receipt = TerminalReceipt.objects.get(operation=op)
     assert receipt.terminal_status == "failed"
@@ -69,7 +65,7 @@ def test_failed_task_is_accepted_as_failed(server: ToolServer) -> None:
 
 
 def test_is_error_result_is_completed_with_the_error_flag(server: ToolServer) -> None:
-    op = _submit(server, "sleep_then_is_error", "n-iserror", seconds=0.2, message="3 rows bad")
+    op = submit_tool_call(server, "sleep_then_is_error", "n-iserror", seconds=0.2, message="3 rows bad")
     _run_until_settled()
     receipt = TerminalReceipt.objects.get(operation=op)
     assert receipt.terminal_status == "completed"
@@ -91,7 +87,7 @@ def test_unknown_task_id_goes_to_reconciliation_and_advances_nothing(server: Too
 def test_tool_without_task_support_runs_within_its_published_bound(server: ToolServer,
                                                                    mcp_url: str) -> None:
     before = peer_stats(mcp_url)["tasks_created"]
-    op = _submit(server, "quick_sync", "n-sync", value="pong")
+    op = submit_tool_call(server, "quick_sync", "n-sync", value="pong")
     assert op.state == State.ACCEPTED and op.execution_mode == "sync"
     receipt = TerminalReceipt.objects.get(operation=op)
     assert receipt.payload is not None
@@ -104,16 +100,16 @@ def test_tool_without_task_support_or_bound_is_refused_before_anything_is_writte
 ) -> None:
     calls_before = peer_stats(mcp_url)["tool_calls"].get("slow_sync", 0)
     with pytest.raises(SubmitRefused, match="no published synchronous bound"):
-        _submit(server, "slow_sync", "n-slow", seconds=1)
+        submit_tool_call(server, "slow_sync", "n-slow", seconds=1)
     with pytest.raises(SubmitRefused, match="not published"):
-        _submit(server, "no_such_tool", "n-none")
+        submit_tool_call(server, "no_such_tool", "n-none")
     assert not Operation.objects.exists()
     assert peer_stats(mcp_url)["tool_calls"].get("slow_sync", 0) == calls_before
 
 
 def test_every_submission_creates_exactly_one_task_on_the_server(server: ToolServer,
                                                                   mcp_url: str) -> None:
-    ops = [_submit(server, "sleep_then_complete", f"n-many-{i}", seconds=0.1, value=str(i))
+    ops = [submit_tool_call(server, "sleep_then_complete", f"n-many-{i}", seconds=0.1, value=str(i))
            for i in range(5)]
     _run_until_settled()
     keys = peer_stats(mcp_url)["submission_keys"]

@@ -28,15 +28,9 @@ from toolops.services.inputs import (
     operation_open_input_round,
 )
 from toolops.services.rollout import operation_hand_over_locked
-from toolops.services.servers import server_add
 from toolops.services.submit import operation_submit
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def server(mcp_url: str) -> ToolServer:
-    return server_add(name="ref", url=mcp_url)
 
 
 def _ask(server: ToolServer, node: str, *, rounds: int = 1) -> Operation:

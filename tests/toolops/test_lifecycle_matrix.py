@@ -19,8 +19,8 @@ from ledger.states import State
 from tests.peers.drop_proxy import dropping_proxy
 from tests.peers.launch_aip import AIP_OPTIONS, aip_faults, aip_stats
 from tests.peers.launch_ext import ext_peer_stats, running_ext_server
-from tests.toolops.conftest_lifecycle import lifecycle_settle as _settle
-from tests.toolops.conftest_lifecycle import lifecycle_submit as _submit
+from tests.toolops.fixtures_lifecycle import lifecycle_settle as _settle
+from tests.toolops.fixtures_lifecycle import lifecycle_submit as _submit
 from toolops.runner import run_embedded
 from toolops.services.servers import server_add
 

@@ -22,8 +22,8 @@ from ledger.selectors import operation_snapshot
 from ledger.states import State
 from tests.peers.launch_aip import aip_stats
 from tests.peers.launch_ext import ext_peer_stats
-from tests.toolops.conftest_lifecycle import lifecycle_settle as _settle
-from tests.toolops.conftest_lifecycle import lifecycle_submit as _submit
+from tests.toolops.fixtures_lifecycle import lifecycle_settle as _settle
+from tests.toolops.fixtures_lifecycle import lifecycle_submit as _submit
 from toolops.runner import run_embedded
 from toolops.services.cancel import operation_cancel
 from toolops.services.connections import (

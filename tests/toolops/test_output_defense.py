@@ -13,7 +13,6 @@ from ledger.states import State
 from tests.ledger.factories import OperationFactory, ToolServerFactory
 from toolops.runner import run_embedded
 from toolops.services.output_defense import result_defend
-from toolops.services.servers import server_add
 from toolops.services.submit import operation_submit
 
 pytestmark = pytest.mark.django_db
@@ -109,8 +108,12 @@ def test_custom_hooks_by_dotted_path() -> None:
 
 
 @pytest.fixture
-def server(mcp_url: str) -> ToolServer:
-    server = server_add(name="ref", url=mcp_url, sync_bounds={"quick_sync": 5.0})
+def server_options() -> dict[str, Any]:
+    return {"sync_bounds": {"quick_sync": 5.0}}
+
+
+@pytest.fixture
+def server(server: ToolServer) -> ToolServer:
     # The peer's tools declare no outputSchema; record one in the negotiated descriptor exactly as
     # a server that declared it would have had it recorded. The results themselves are real.
     tools = dict(server.tools)

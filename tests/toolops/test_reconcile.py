@@ -17,7 +17,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from ledger.models import Operation, OperationEvent, ReconciliationItem, TerminalReceipt
-from ledger.selectors_reconciliation import (
+from ledger.selectors.reconciliation import (
     reconciliation_items_open,
     reconciliation_oldest_open_age_seconds,
     reconciliation_overdue_count,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from io import StringIO
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -24,7 +25,6 @@ from toolops.services.cancel import operation_cancel
 from toolops.services.executors import executor_claim_due, executor_lease_owner, executor_run
 from toolops.services.observe import operation_poll
 from toolops.services.rollout import rollout_move
-from toolops.services.servers import server_add
 from toolops.services.submit import operation_submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,10 +33,10 @@ IN_FLIGHT = 8
 
 
 @pytest.fixture
-def server(mcp_url: str) -> ToolServer:
+def server_options() -> dict[str, Any]:
     # A high QPS cap: the test is about epochs, and cap pacing of the 8 submits must not let the
     # first task finish before its cancel is sent.
-    return server_add(name="ref", url=mcp_url, sync_bounds={"read_value": 10.0}, max_qps=200)
+    return {"sync_bounds": {"read_value": 10.0}, "max_qps": 200}
 
 
 def _submit_in_flight(n: int) -> list[Operation]:

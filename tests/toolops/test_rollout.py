@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from ledger.models import Operation, OutboxEvent, ShadowComparison, TerminalReceipt, ToolServer
-from ledger.selectors_rollout import shadow_report
+from ledger.selectors.rollout import shadow_report
 from ledger.states import State
 from tests.peers.launch import peer_stats
 from toolops.runner import run_embedded
 from toolops.services.rollout import canary_bucket, rollout_configure
-from toolops.services.servers import server_add
 from toolops.services.submit import operation_submit
 
 BOUNDS = {"read_value": 10.0, "write_value": 10.0, "quick_sync": 5.0}
 
 
 @pytest.fixture
-def server(mcp_url: str) -> ToolServer:
-    return server_add(name="ref", url=mcp_url, sync_bounds=BOUNDS)
+def server_options() -> dict[str, Any]:
+    return {"sync_bounds": BOUNDS}
 
 
 def _submit(tool: str, node: str, value: str = "v", seconds: float = 0.2) -> Operation:
@@ -133,11 +134,11 @@ def test_submit_that_chose_tasks_before_a_rollback_commits_is_refused_after(
     """The path is chosen from an unlocked read; the insert re-checks it under the config lock.
     A rollback holding that lock when the submit arrives wins, and nothing reaches the server."""
     import threading
-    import time
 
     from django.db import connection, transaction
 
     from ledger.models import RolloutConfig
+    from tests.concurrency import wait_for_lock_waiter
     from toolops.errors import SubmitRefused
 
     rollout_configure(server_name="ref", canary_percent=100.0, actor="t", reason="all tasks")
@@ -169,13 +170,7 @@ def test_submit_that_chose_tasks_before_a_rollback_commits_is_refused_after(
     assert locked.wait(10)
     submitter = threading.Thread(target=submit)
     submitter.start()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # until the submit's insert waits on the config lock
-        with connection.cursor() as cur:
-            cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
-            if cur.fetchone()[0] > 0:
-                break
-        time.sleep(0.05)
+    wait_for_lock_waiter()  # until the submit's insert waits on the config lock
     release.set()
     holder.join(15)
     submitter.join(15)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import email.utils
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -24,7 +25,6 @@ from toolops.scheduling import (
 )
 from toolops.services.dispatch import operations_claim_due
 from toolops.services.observe import operation_poll
-from toolops.services.servers import server_add
 from toolops.services.submit import operation_submit
 
 SAMPLES = 2000
@@ -102,12 +102,15 @@ def test_deadline_reason_tells_budget_from_expiry(settings) -> None:
 
 
 @pytest.fixture
-def server(mcp_url: str, faults: FaultTransport) -> ToolServer:
-    srv = server_add(name="ref", url=mcp_url)
+def server_options() -> dict[str, Any]:
     # A generous cap: these tests are about the server's answers, not our own pacing.
-    ToolServer.objects.filter(pk=srv.pk).update(max_qps=1000.0)
-    srv.refresh_from_db()
-    return srv
+    return {"max_qps": 1000.0}
+
+
+@pytest.fixture
+def server(faults: FaultTransport, server: ToolServer) -> ToolServer:
+    """The shared row, negotiated through the fault transport (installed first)."""
+    return server
 
 
 def _submit(server: ToolServer, seconds: float, ttl_ms: int = 60_000) -> Operation:

@@ -1,1 +1,2 @@
-"""The REST API (Django REST framework). Views are thin: each calls one function of toolops.api."""
+"""The REST API (Django REST framework). Views are thin: each calls one function of toolops.python_api
+(the Python embedding API)."""

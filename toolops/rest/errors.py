@@ -9,8 +9,8 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
 from ledger.errors import LedgerError
-from toolops.api import OperationNotVisible
 from toolops.errors import ServerNotFound, SubmissionKeyTaken, ToolopsError
+from toolops.python_api import OperationNotVisible
 from toolops.services.cancel import CancelRefused
 from toolops.services.idempotency import IdempotencyInProgress, IdempotencyMismatch
 from toolops.services.inputs import InputAnswerRefused

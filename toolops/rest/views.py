@@ -1,4 +1,4 @@
-"""REST views: thin. Each resolves the tenant, validates input, and calls one toolops.api function
+"""REST views: thin. Each resolves the tenant, validates input, and calls one toolops.python_api function
 (or one selector for reads). Every queryset is filtered by the request's tenant, so another
 tenant's objects are indistinguishable from missing ones (404)."""
 
@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from ledger.models import InputRequest, Operation, ReconciliationItem, ToolServer
-from toolops import api
+from toolops import python_api as api
 from toolops.logging import get_logger, operation_log_context_for
 from toolops.metrics import api_submission_inc
 from toolops.rest import serializers as s

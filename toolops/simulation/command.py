@@ -6,6 +6,7 @@ import time
 from typing import Any, TextIO
 
 from toolops.gate_render import gate_render_json, gate_render_text, gate_summary
+from toolops.simulation.progress import SimProgress, progress_line
 from toolops.simulation.runner import result_summary, simulate
 
 # Failing series printed with their replay command (the rest are counted).
@@ -15,8 +16,16 @@ MAX_FAILURES_SHOWN = 20
 def simulate_command(*, series: int, seed: int, only: int | None, workers: int,
                      lie_about: frozenset[int], as_json: bool, out: Any, err: Any) -> int:
     started = time.perf_counter()
+
+    def progress(p: SimProgress) -> None:
+        # stderr: stdout stays the report alone (one JSON document with --json).
+        err.write(progress_line(progress=p, elapsed_s=time.perf_counter() - started))
+        flush = getattr(err, "flush", None)
+        if flush is not None:
+            flush()
+
     result = simulate(series=series, seed=seed, only=only, workers=workers,
-                      lie_about_series=lie_about)
+                      lie_about_series=lie_about, on_progress=progress)
     elapsed = round(time.perf_counter() - started, 1)
     summary = {**result_summary(result), "run_seconds": elapsed}
     failing = sorted(result.failing.items())[:MAX_FAILURES_SHOWN]

@@ -18,6 +18,7 @@ import heapq
 import math
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,7 @@ from toolops.simulation.clock import VirtualClock, virtual_time
 from toolops.simulation.faults_extra import ExtraFaults
 from toolops.simulation.plan import SeriesPlan, series_plan
 from toolops.simulation.pool import PollPool
+from toolops.simulation.progress import SimProgress, progress_snapshot, progress_step
 from toolops.simulation.server import EPOCH, TOOL, SimServer, SimTransport
 
 # Load shape: series arrive at ARRIVAL_PER_SERVER_S per server, each server capped at SERVER_QPS
@@ -106,8 +108,12 @@ def _key(tag: str, index: int, attempt: int) -> str:
 
 class _Run:
     def __init__(self, *, series: int, seed: int, only: int | None,
-                 lie_about_series: frozenset[int], workers: int) -> None:
+                 lie_about_series: frozenset[int], workers: int,
+                 on_progress: Callable[[SimProgress], None] | None = None) -> None:
         self.series, self.seed, self.only = series, seed, only
+        self.on_progress = on_progress
+        self.progress_every = progress_step(series=series)
+        self.next_progress = self.progress_every
         self.clock = VirtualClock()
         n_servers = max(1, math.ceil(series / SERIES_PER_SERVER))
         self.tag = f"sim{seed}r{ToolServer.objects.filter(name__startswith=f'sim{seed}r').count()}"
@@ -273,6 +279,7 @@ class _Run:
             if now >= next_sweep:
                 next_answer = self.sweep(now)
                 open_rows = self.open_rows()
+                self.report_progress(settled=cursor - open_rows)
                 next_sweep = now + SWEEP_S
             claimed = self.dispatch()
             if claimed and claimed >= 200:
@@ -292,6 +299,14 @@ class _Run:
             ) if c is not None]
             target = min(candidates) if candidates else now + SWEEP_S
             self.clock.set(max(target, now + MIN_STEP_S))
+
+    def report_progress(self, *, settled: int) -> None:
+        if self.on_progress is None or settled < self.next_progress:
+            return
+        self.next_progress = (settled // self.progress_every + 1) * self.progress_every
+        self.on_progress(progress_snapshot(
+            sims=self.sims, servers=self.servers, settled=settled, series=len(self.plans),
+            polls=self.polls, virtual_seconds=round(self.clock.now_s(), 1)))
 
     # -- verdict -------------------------------------------------------------------------
 
@@ -331,12 +346,14 @@ class _Run:
 
 
 def simulate(*, series: int, seed: int, only: int | None = None,
-             lie_about_series: frozenset[int] = frozenset(), workers: int = 1) -> SimResult:
+             lie_about_series: frozenset[int] = frozenset(), workers: int = 1,
+             on_progress: Callable[[SimProgress], None] | None = None) -> SimResult:
     """Run the simulation in the configured database and return its verdict with the gate."""
     if only is not None and not 0 <= only < series:
         raise ToolopsError(f"--only must be within 0..{series - 1}")
     run = _Run(series=series, seed=seed, only=only, lie_about_series=lie_about_series,
-               workers=1 if only is not None else workers)
+               workers=1 if only is not None else workers,
+               on_progress=None if only is not None else on_progress)
     qps_bucket_replace(LocalTokenBucket())  # the embedded bucket, on the virtual clock below
     try:
         with virtual_time(run.clock, seed=seed):

@@ -1,7 +1,7 @@
 """Fixtures and helpers shared by the lifecycle matrices (test_lifecycle_matrix*.py).
 
-Imported by name from those modules (pytest only collects `conftest.py` by itself): a server
-row per shape on the session's peer, and the submit / settle helpers they all use.
+A pytest plugin (registered in tests/conftest.py), not a conftest: a server row per shape on the
+session's peer; the submit / settle helpers are imported by name from the matrices.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 
 from ledger.models import Operation, ToolServer
 from tests.peers.launch_aip import AIP_OPTIONS, aip_reset
+from tests.toolops.helpers import submit_tool_call
 from toolops.runner import run_embedded
 from toolops.services.servers import server_add
-from toolops.services.submit import operation_submit
 
 EXT_VERSION = "mcp-tasks-ext/2026-07-28"
 AIP_VERSION = "aip-151/v1"
@@ -36,8 +36,7 @@ def aip_server(aip_url: str) -> Iterator[ToolServer]:
 
 
 def lifecycle_submit(server: ToolServer, tool: str, node: str, **args: object) -> Operation:
-    return operation_submit(server_name=server.name, tool_name=tool, call_node_id=node,
-                            arguments=dict(args))
+    return submit_tool_call(server, tool, node, ttl_ms=None, **args)
 
 
 def lifecycle_settle() -> None:

@@ -1,4 +1,4 @@
-"""Reads of the ledger. Services write; these only read."""
+"""Reads of one operation and its rows: lookup by any reference, and the `show` snapshot."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from ledger.models import (
     OperationEvent,
     OutboxEvent,
     TerminalReceipt,
-    ToolServer,
 )
 from ledger.states import OPEN
 
@@ -41,10 +40,6 @@ def operation_events(*, operation_id: uuid.UUID) -> QuerySet[OperationEvent]:
 
 def operations_open_count() -> int:
     return Operation.objects.filter(state__in=OPEN).count()
-
-
-def server_get(*, name: str) -> ToolServer:
-    return ToolServer.objects.get(name=name)
 
 
 def _field_value(value: Any) -> Any:
@@ -100,11 +95,3 @@ def operation_snapshot(*, operation_id: uuid.UUID) -> dict[str, Any]:
         for r in EffectReconciliation.objects.filter(operation_id=op.id).order_by("id")
     ]
     return out
-
-
-def input_request_get(*, operation_id: uuid.UUID, input_round: int) -> InputRequest | None:
-    return InputRequest.objects.filter(operation_id=operation_id, round=input_round).first()
-
-
-def input_requests_open() -> QuerySet[InputRequest]:
-    return InputRequest.objects.filter(status=InputRequest.Status.OPEN).select_related("operation")
