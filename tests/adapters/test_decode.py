@@ -133,3 +133,9 @@ def test_quotes_in_error_details_are_short_and_storable() -> None:
     with pytest.raises(ProtocolViolationError) as info:
         decode.expect_same_task(asked="t-1", got="t\x00" * 300)
     assert len(info.value.detail["got"]) <= limits.DETAIL_QUOTE_CHARS
+
+
+def test_tool_names_fit_the_ledger_column() -> None:
+    ToolDescriptor(name="t" * limits.TOOL_NAME_MAX_CHARS, task_support="optional", raw={})
+    with pytest.raises(ProtocolViolationError, match="tool name longer than"):
+        ToolDescriptor(name="t" * (limits.TOOL_NAME_MAX_CHARS + 1), task_support="optional", raw={})
