@@ -40,7 +40,7 @@ from adapters.base import (
     SubmitOutcome,
     ToolDescriptor,
 )
-from adapters.deadline import deadline_passed, install_deadline, request_deadline
+from adapters.deadline import install_deadline, request_deadline
 from adapters.errors import (
     AdapterError,
     LostResponseError,
@@ -70,6 +70,11 @@ MAX_REQUEST_ID = 36
 RESULT_CACHE_SIZE = 256
 
 
+def _deadline_passed(at: float | None) -> bool:
+    # This module's clock: the simulation replaces this module's `time` with a virtual one.
+    return at is not None and time.monotonic() >= at
+
+
 def _status_name(response: httpx.Response) -> tuple[str, dict[str, Any]]:
     """The AIP-193 `status` of an error reply (falls back to the HTTP code's usual name)."""
     fallback = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
@@ -83,11 +88,13 @@ def _status_name(response: httpx.Response) -> tuple[str, dict[str, Any]]:
     except ProtocolViolationError:
         pass
     status = error.get("status")
-    name = status if isinstance(status, str) and status else fallback.get(response.status_code, "UNKNOWN")
+    name = decode.quote(status, limit=64) if isinstance(status, str) and status \
+        else fallback.get(response.status_code, "UNKNOWN")
     reason = None
-    for item in error.get("details") or []:
+    details = error.get("details")
+    for item in details if isinstance(details, list) else []:
         if isinstance(item, dict) and str(item.get("@type", "")).endswith("google.rpc.ErrorInfo"):
-            reason = item.get("reason")
+            reason = decode.quote(item.get("reason"), limit=128)
     return name, {"http_status": response.status_code, "status": name, "reason": reason,
                   "message": str(error.get("message", ""))[:500]}
 
@@ -227,7 +234,7 @@ class Aip151Adapter:
                     response = self._bounded_request(method, url, json=json, detail=detail,
                                                      deadline=deadline)
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-                if deadline_passed(deadline):
+                if _deadline_passed(deadline):
                     last = self._timed_out(what, detail, creates=creates)
                     maybe_sent = maybe_sent or creates
                     break
@@ -237,7 +244,7 @@ class Aip151Adapter:
                 # Sent, no answer read. Repeating is safe here (see docstring); if every
                 # attempt ends so, a create is "maybe created" and a read is transient.
                 maybe_sent = maybe_sent or creates
-                if deadline_passed(deadline):
+                if _deadline_passed(deadline):
                     last = self._timed_out(what, detail, creates=creates)
                     break
                 cls = LostResponseError if creates else TransientError
@@ -281,7 +288,7 @@ class Aip151Adapter:
             chunks: list[bytes] = []
             seen = 0
             for chunk in response.iter_bytes():
-                if deadline_passed(deadline):
+                if _deadline_passed(deadline):
                     raise httpx.ReadTimeout("request deadline passed", request=response.request)
                 seen += len(chunk)
                 if seen > limit:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from adapters.decode import json_check
+from adapters import limits
+from adapters.decode import json_check, text
 
 # What an adapter can do to resolve a submission whose answer was lost (design.md section 5).
 # Which of them a given server allows is decided per server from its negotiated capabilities
@@ -56,6 +57,7 @@ class ToolDescriptor:
     raw: dict[str, Any]  # the tools/list entry verbatim
 
     def __post_init__(self) -> None:
+        text(self.name, field="tool name", max_chars=limits.TOOL_NAME_MAX_CHARS)
         json_check(self.raw, what="tool descriptor", strict_numbers=True)
 
 

@@ -36,10 +36,6 @@ def request_deadline(at: float | None) -> Iterator[None]:
         _deadline.reset(token)
 
 
-def deadline_passed(at: float | None) -> bool:
-    return at is not None and time.monotonic() >= at
-
-
 def _bounded(timeout: float | None, error: type[Exception]) -> float | None:
     at = _deadline.get()
     if at is None:
@@ -111,4 +107,4 @@ def install_deadline(client: httpx.Client) -> int:
     return wrapped
 
 
-__all__ = ["deadline_passed", "install_deadline", "request_deadline"]
+__all__ = ["install_deadline", "request_deadline"]

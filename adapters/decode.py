@@ -25,6 +25,7 @@ from adapters import limits
 from adapters.errors import ProtocolViolationError
 
 _BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
+_RAW_SURROGATE = re.compile(b"\xed[\xa0-\xbf]")
 
 
 def quote(value: Any, *, limit: int = limits.DETAIL_QUOTE_CHARS) -> str:
@@ -50,39 +51,64 @@ def json_loads(data: str | bytes, *, what: str, strict_numbers: bool = False) ->
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, too many integer digits
         raise ProtocolViolationError(f"malformed JSON in {what}",
                                      detail={"violation": "malformed JSON", "where": what}) from exc
-    json_check(value, what=what, strict_numbers=strict_numbers)
+    # JSON can only spell NUL or a lone surrogate as a \\u escape (raw control characters are
+    # refused by the parser, and strict UTF-8 cannot carry surrogates): without one, skip strings.
+    # A str source may also hold a literal surrogate, which the parser passes through.
+    if isinstance(data, str):
+        check_text = "\\u" in data or _BAD_TEXT.search(data) is not None
+    else:  # json.loads decodes bytes with surrogatepass: a raw UTF-8 surrogate gets through too
+        check_text = b"\\u" in data or _RAW_SURROGATE.search(data) is not None
+    json_check(value, what=what, strict_numbers=strict_numbers, check_text=check_text)
     return value
 
 
-def json_check(value: Any, *, what: str, strict_numbers: bool = False) -> None:
-    """Iteratively check depth, string content and (`strict_numbers`) integer range."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str):
-            if _BAD_TEXT.search(item):
+def json_check(value: Any, *, what: str, strict_numbers: bool = False, check_text: bool = True) -> None:
+    """Iteratively check depth, string content (unless `check_text` is False: the caller knows
+    the source text has no \\u escape, the only way JSON can spell NUL or a lone surrogate) and
+    numbers: finite floats, and with `strict_numbers` integers within the canonical-JSON range."""
+    bad_text = _BAD_TEXT.search if check_text else None
+    max_int = limits.JSON_MAX_SAFE_INTEGER if strict_numbers else None
+    max_depth = limits.JSON_MAX_DEPTH
+    stack: list[tuple[Any, int]] = []
+
+    def scalar(item: Any, kind: type) -> None:
+        if kind is str:
+            if bad_text is not None and bad_text(item):
                 raise _violation("string holds NUL or a lone surrogate", what=what)
-        elif isinstance(item, bool) or item is None:
-            continue
-        elif isinstance(item, int):
-            if strict_numbers and abs(item) > limits.JSON_MAX_SAFE_INTEGER:
+        elif kind is int:
+            if max_int is not None and abs(item) > max_int:
                 raise _violation("integer outside the canonical-JSON range", what=what,
                                  digits=len(str(abs(item))))
-        elif isinstance(item, float):
+        elif kind is float:
             if not math.isfinite(item):
                 raise _violation("number outside the double range", what=what)
-        elif isinstance(item, dict | list):
-            if depth > limits.JSON_MAX_DEPTH:
-                raise _violation("JSON nested too deep", what=what, max_depth=limits.JSON_MAX_DEPTH)
-            children: Iterable[Any] = item
-            if isinstance(item, dict):
+        elif kind is not bool and item is not None:
+            raise _violation(f"unexpected value type {kind.__name__}", what=what)
+
+    kind = type(value)
+    if kind is dict or kind is list:
+        stack.append((value, 1))
+    else:
+        scalar(value, kind)
+    while stack:
+        item, depth = stack.pop()
+        if depth > max_depth:
+            raise _violation("JSON nested too deep", what=what, max_depth=max_depth)
+        children: Iterable[Any] = item
+        if type(item) is dict:
+            if bad_text is not None:
                 for key in item:
-                    if _BAD_TEXT.search(key):
+                    if bad_text(key):
                         raise _violation("object key holds NUL or a lone surrogate", what=what)
-                children = item.values()
-            stack.extend((child, depth + 1) for child in children)
-        else:
-            raise _violation(f"unexpected value type {type(item).__name__}", what=what)
+            children = item.values()
+        for child in children:
+            kind = type(child)
+            if kind is dict or kind is list:
+                stack.append((child, depth + 1))
+            elif kind is str and bad_text is None:
+                continue
+            else:
+                scalar(child, kind)
 
 
 def text(value: Any, *, field: str, max_chars: int) -> str:

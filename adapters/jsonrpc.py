@@ -30,7 +30,7 @@ from mcp_types import jsonrpc as rpc
 
 from adapters import decode, limits
 from adapters.base import RequestGate
-from adapters.deadline import deadline_passed, install_deadline, request_deadline
+from adapters.deadline import install_deadline, request_deadline
 from adapters.errors import (
     AdapterError,
     LostResponseError,
@@ -63,6 +63,11 @@ class RpcReply:
     http_status: int
     session_id: str | None  # Mcp-Session-Id header of the HTTP reply
     others: tuple[Message, ...]  # server requests / notifications seen before the response
+
+
+def _deadline_passed(at: float | None) -> bool:
+    # This module's clock: the simulation replaces this module's `time` with a virtual one.
+    return at is not None and time.monotonic() >= at
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -173,7 +178,7 @@ def _transport_errors(method: str, detail: dict[str, Any], deadline: float | Non
         with request_deadline(deadline):
             yield
     except httpx.TimeoutException as exc:
-        if deadline_passed(deadline):
+        if _deadline_passed(deadline):
             raise deadline_error(method, detail) from exc
         if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
             raise TransientError(f"{method}: connection failed: {type(exc).__name__}", detail=detail) from exc
@@ -357,7 +362,7 @@ class JsonRpcClient:
             raise ProtocolViolationError("response body over the size limit", detail=limit)
         seen = 0
         for chunk in response.iter_bytes():
-            if deadline_passed(deadline):
+            if _deadline_passed(deadline):
                 raise deadline_error(method, detail)
             seen += len(chunk)
             if seen > self.max_response_bytes:

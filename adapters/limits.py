@@ -11,6 +11,10 @@ from __future__ import annotations
 REMOTE_ID_MAX_CHARS = 300
 # Ledger `InputRequest.server_request_id` (CharField max_length=200).
 SERVER_REQUEST_ID_MAX_CHARS = 200
+# Ledger `Operation.tool_name` (CharField max_length=200).
+TOOL_NAME_MAX_CHARS = 200
+# Ledger `ToolServer.session_id` (CharField max_length=200).
+SESSION_ID_MAX_CHARS = 200
 # Ledger `Operation.server_state` is 64 wide; every spec status is far shorter.
 STATUS_MAX_CHARS = 64
 # A status message is prose for an operator: longer ones are cut with a marker.

@@ -248,8 +248,10 @@ class McpTasks2025Adapter(SubmissionKeyResolution):
         if init.protocol_version != PROTOCOL_VERSION:
             raise ProtocolViolationError(
                 "server negotiated another protocol version",
-                detail={"wanted": PROTOCOL_VERSION, "got": init.protocol_version},
+                detail={"wanted": PROTOCOL_VERSION, "got": decode.quote(init.protocol_version)},
             )
+        if reply.session_id is not None:
+            decode.text(reply.session_id, field="Mcp-Session-Id", max_chars=limits.SESSION_ID_MAX_CHARS)
         self._set_session(reply.session_id)
         self._rpc.post_message(
             message={"jsonrpc": "2.0", "method": "notifications/initialized"},
@@ -403,7 +405,9 @@ class McpTasks2025Adapter(SubmissionKeyResolution):
 
     def fetch_result(self, *, remote_id: str, timeout_s: float) -> FetchedResult:
         self._drop_stream(remote_id)  # the task is terminal: its input stream has no more use
-        reply = self._rpc.call(method="tasks/result", params={"taskId": remote_id}, timeout_s=timeout_s)
+        # The task is terminal: its result is a read like any other, bounded by the request deadline.
+        budget = min(timeout_s, self._rpc.request_deadline_s)
+        reply = self._rpc.call(method="tasks/result", params={"taskId": remote_id}, timeout_s=budget)
         self._keep_server_messages(reply.others)
         return self._payload_outcome(reply, remote_id=remote_id)
 

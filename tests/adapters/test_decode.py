@@ -133,3 +133,16 @@ def test_quotes_in_error_details_are_short_and_storable() -> None:
     with pytest.raises(ProtocolViolationError) as info:
         decode.expect_same_task(asked="t-1", got="t\x00" * 300)
     assert len(info.value.detail["got"]) <= limits.DETAIL_QUOTE_CHARS
+
+
+def test_tool_names_fit_the_ledger_column() -> None:
+    ToolDescriptor(name="t" * limits.TOOL_NAME_MAX_CHARS, task_support="optional", raw={})
+    with pytest.raises(ProtocolViolationError, match="tool name longer than"):
+        ToolDescriptor(name="t" * (limits.TOOL_NAME_MAX_CHARS + 1), task_support="optional", raw={})
+
+
+def test_a_literal_surrogate_in_text_input_is_caught_too() -> None:
+    assert "lone surrogate" in _violation(decode.json_loads, '["a\ud800"]', what="sse event")
+    assert decode.json_loads('["caf\u00e9"]', what="sse event") == ["caf\u00e9"]
+    # json.loads decodes bytes with surrogatepass: UTF-8-encoded surrogate bytes are caught as well
+    assert "lone surrogate" in _violation(decode.json_loads, b'["a\xed\xa0\x80"]', what="body")
