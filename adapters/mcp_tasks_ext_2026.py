@@ -187,6 +187,10 @@ def _remote_task(data: Any, *, expect_id: str | None) -> RemoteTask:
     if status not in STATUSES:
         raise ProtocolViolationError("task with an unknown status",
                                      detail={"taskId": task_id, "status": str(status)[:50]})
+    if data.get("inputRequests") and ("result" in data or "error" in data):
+        # Waiting for input and finished at once: neither reading can be trusted.
+        raise ProtocolViolationError("input requests and an outcome in one task",
+                                     detail={"taskId": task_id, "status": str(status)[:50]})
     message = data.get("statusMessage")
     return RemoteTask(
         remote_id=task_id,

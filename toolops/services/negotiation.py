@@ -48,14 +48,16 @@ def negotiate_with(
 
 
 def negotiate_auto(
-    *, url: str, sync_bounds: dict[str, float]
+    *, url: str, sync_bounds: dict[str, float], request_gate: RequestGate | None = None
 ) -> tuple[str, Negotiated, list[ToolDescriptor], list[str]]:
-    """(chosen version, negotiated, tools, notes on what was tried)."""
+    """(chosen version, negotiated, tools, notes on what was tried); every shape tried passes
+    `request_gate` (the server's cap) for each of its requests."""
     notes: list[str] = []
     sync_capable: tuple[str, Negotiated, list[ToolDescriptor]] | None = None
     for version in AUTO_ORDER:
         try:
-            negotiated, tools = negotiate_with(url=url, adapter_version=version)
+            negotiated, tools = negotiate_with(url=url, adapter_version=version,
+                                               request_gate=request_gate)
         except ToolopsError as exc:
             notes.append(f"{version}: {exc}")
             continue
