@@ -313,20 +313,23 @@ def qps_bucket_replace(bucket: TokenBucket | None) -> None:
         _bucket = bucket
 
 
-def server_bucket_key(*, server_id: int) -> str:
-    """Namespaced by ledger database: server ids are per database, and two ledgers (a test run and
-    a benchmark, two deployments) sharing one Redis must not share buckets or counters."""
+def _namespace() -> str:
+    """Buckets are namespaced by ledger database: server ids are per database, and two ledgers (a
+    test run and a benchmark, two deployments) sharing one Redis must not share buckets."""
     namespace = str(getattr(settings, "TOOLOPS_QPS_NAMESPACE", "") or "")
     if not namespace:
         db = settings.DATABASES["default"]
         namespace = f"{db.get('HOST') or 'local'}:{db.get('PORT') or ''}:{db['NAME']}"
-    return f"{namespace}:server:{server_id}"
+    return namespace
+
+
+def server_bucket_key(*, server_id: int) -> str:
+    return f"{_namespace()}:server:{server_id}"
 
 
 def door_bucket_key(*, url: str) -> str:
     """A bucket for a server's door before it has a row: the negotiation at `server-add`."""
-    namespace = str(getattr(settings, "TOOLOPS_QPS_NAMESPACE", "") or "")
-    return f"{namespace}:door:{url}"
+    return f"{_namespace()}:door:{url}"
 
 
 def retry_spread_seconds(*, take: Take, rate: float) -> float:
