@@ -104,7 +104,8 @@ def _list_and_lookup(adapter: str) -> list[Cell]:
 def _cancel_reply(adapter: str, *, confirms: bool) -> list[Cell]:
     """`tasks/cancel` answered with a task. 2025-11-25 moves the task to `cancelled` before it
     replies; the others only acknowledge, so a non-terminal reply is normal there."""
-    non_terminal_event = "cancel_reply_not_cancelled" if confirms else "cancel_ack_lost"
+    # The same event for every shape: the reply is no evidence, polling decides.
+    non_terminal_event = "cancel_reply_not_cancelled"
     return [
         Cell(adapter, "cancel_reply", "cancelled", S.CANCEL_REQUESTED, S.CANCELLED_ACCEPTED,
              "cancel_confirmed"),
