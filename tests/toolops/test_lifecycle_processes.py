@@ -4,8 +4,9 @@ Submit is a `manage.py toolops submit` process, polls are a real Celery worker d
 beat, each answer is its own `manage.py toolops answer` process; the test process only reads the
 ledger. Two- and three-round questions against the Shape A reference server (official `mcp`
 SDK) and the Shape B one (FastMCP + fastmcp-tasks) must end ACCEPTED with every answer in the
-result. Before input streams were released with `notifications/cancelled`, round 2 never
-opened here: the worker's abandoned tasks/result handler on the server swallowed it.
+result. The worker is replaced by a new process after each round opens (as deploys do). Before
+input streams were released with `notifications/cancelled`, round 2 never opened here: the
+server kept serving the old worker's tasks/result request and sent round 2 into it.
 """
 
 from __future__ import annotations
@@ -70,34 +71,60 @@ def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+class Fleet:
+    """Celery beat + one worker, each its own process. A fleet's workers come and go (deploys,
+    autoscaling): `worker_replace` stops the worker and starts a new one, so the poll after an
+    answer runs in a process that did not read the round before."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.env = _env()
+        self.generation = 0
+        self.beat = _celery(["beat", "-s", str(tmp / "beat-schedule"), "-l", "info"], self.env,
+                            tmp / "beat.log")
+        self.worker = self._worker()
+
+    def _worker(self) -> subprocess.Popen[bytes]:
+        self.generation += 1
+        return _celery(["worker", "--concurrency", "1", "--pool", "prefork", "--without-gossip",
+                        "--without-mingle", "-l", "info", "-n", f"rounds{self.generation}@%h"],
+                       self.env, self.tmp / f"worker{self.generation}.log")
+
+    def worker_replace(self) -> None:
+        _stop(self.worker)
+        self.worker = self._worker()
+
+    def stop(self) -> None:
+        for proc in (self.worker, self.beat):
+            _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
 @pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[dict[str, str]]:
-    """Celery beat + one worker (its own process), for the test's duration."""
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
     assert connection.vendor == "postgresql", "the fleet runs on PostgreSQL"
     redis.Redis.from_url(BROKER).flushdb()  # fails (never skips) when Redis is down
-    env = _env()
-    beat = _celery(["beat", "-s", str(tmp_path / "beat-schedule"), "-l", "info"], env,
-                   tmp_path / "beat.log")
-    worker = _celery(["worker", "--concurrency", "1", "--pool", "prefork", "--without-gossip",
-                      "--without-mingle", "-l", "info", "-n", "rounds@%h"], env,
-                     tmp_path / "worker.log")
+    running = Fleet(tmp_path)
     try:
-        yield env
+        yield running
     finally:
-        for proc in (worker, beat):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout=10)
+        running.stop()
         for log in sorted(tmp_path.glob("*.log")):
             sys.stderr.write(f"--- {log.name} (tail) ---\n{log.read_text()[-1500:]}\n")
 
 
-def _run_rounds(env: dict[str, str], *, server: str, url: str, adapter: str, tool: str,
+def _run_rounds(fleet: Fleet, *, server: str, url: str, adapter: str, tool: str,
                 rounds: int) -> Operation:
+    env = fleet.env
     _manage(env, "server-add", server, "--url", url, "--adapter", adapter, "--max-qps", "20")
     submitted = _manage(env, "submit", "--server", server, "--tool", tool, "--call-node",
                         f"{server}/ask", "--args", json.dumps({"question": "q", "rounds": rounds}),
@@ -108,6 +135,7 @@ def _run_rounds(env: dict[str, str], *, server: str, url: str, adapter: str, too
             operation_id=op_id, round=n, status=InputRequest.Status.OPEN).exists(),
             90, f"input round {n} to open")
         digest = InputRequest.objects.get(operation_id=op_id, round=n).schema_digest
+        fleet.worker_replace()  # the next poll is another process's
         answered = _manage(env, "answer", op_id, "--round", str(n), "--json",
                            json.dumps({"value": f"answer-{n}"}), "--schema-digest", digest)
         assert answered["input_requests"][n - 1]["status"] == "answered"
@@ -126,14 +154,14 @@ def _check(op: Operation, rounds: int) -> None:
 
 
 @pytest.mark.parametrize("rounds", [2, 3])
-def test_shape_a_rounds_across_processes(mcp_url: str, fleet: dict[str, str], rounds: int) -> None:
+def test_shape_a_rounds_across_processes(mcp_url: str, fleet: Fleet, rounds: int) -> None:
     op = _run_rounds(fleet, server=f"a{rounds}", url=mcp_url, adapter="mcp-tasks/2025-11-25",
                      tool="ask_input", rounds=rounds)
     _check(op, rounds)
 
 
 @pytest.mark.parametrize("rounds", [2, 3])
-def test_shape_b_rounds_across_processes(ext_url: str, fleet: dict[str, str], rounds: int) -> None:
+def test_shape_b_rounds_across_processes(ext_url: str, fleet: Fleet, rounds: int) -> None:
     op = _run_rounds(fleet, server=f"b{rounds}", url=ext_url, adapter="mcp-tasks-ext/2026-07-28",
                      tool="ask_rounds", rounds=rounds)
     _check(op, rounds)
