@@ -179,6 +179,10 @@ def _remote_task(data: Any, *, expect_id: str | None) -> RemoteTask:
     if expect_id is not None:
         decode.expect_same_task(asked=expect_id, got=task_id)
     status = decode.status(data.get("status"), allowed=STATUSES)
+    if data.get("inputRequests") and ("result" in data or "error" in data):
+        # Waiting for input and finished at once: neither reading can be trusted.
+        raise ProtocolViolationError("input requests and an outcome in one task",
+                                     detail={"taskId": task_id, "status": status})
     return RemoteTask(
         remote_id=task_id,
         status=status,

@@ -59,6 +59,11 @@ TOOLOPS_QPS_REDIS_URL = env_str("TOOLOPS_QPS_REDIS_URL", "")
 # Bucket capacity. 1 spaces requests 1/qps apart, so no one-second window exceeds the cap; a larger
 # burst lets a second see up to burst-1 more requests than the configured QPS.
 TOOLOPS_QPS_BURST = env_float("TOOLOPS_QPS_BURST", 1.0)
+# The cap holds at the server's door (toolops/qps.py): a grant older than the send deadline when
+# its request is about to leave is not used, and grants are spaced so that the allowance (>= the
+# deadline plus the gate-to-server latency) still keeps every sliding second at the cap.
+TOOLOPS_QPS_SEND_DEADLINE_SECONDS = env_float("TOOLOPS_QPS_SEND_DEADLINE_SECONDS", 0.05)
+TOOLOPS_QPS_WIRE_ALLOWANCE_SECONDS = env_float("TOOLOPS_QPS_WIRE_ALLOWANCE_SECONDS", 0.1)
 # A submit refused a QPS token waits at most this long for one (the caller is blocked on it);
 # beyond that the row is closed as never sent (NOT_FOUND_SAFE) and the caller may try again.
 TOOLOPS_SUBMIT_MAX_TOKEN_WAIT_SECONDS = env_float("TOOLOPS_SUBMIT_MAX_TOKEN_WAIT_SECONDS", 5.0)

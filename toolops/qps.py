@@ -6,8 +6,18 @@ workers). The script reads the clock with Redis `TIME`, so workers with skewed c
 time line. Embedded: the same algorithm in process memory behind a lock.
 
 Why a bucket of capacity one by default: a bucket of capacity `b` refilled at `r`/s lets any one
-second see up to `b + r` requests. With `b = 1` requests are spaced at least `1/r` apart, so a
-one-second window sees at most `ceil(r)` of them: the configured figure itself for integer caps.
+second see up to `b + r` grants. With `b = 1` grants are spaced apart, one at a time.
+
+The promise is about ARRIVALS at the server, not grants (docs/conformance.md, "The cap at the
+wire"). A request leaves some time after its grant (a busy core, GC, connection setup), so two
+requests granted `1/r` apart can arrive closer than that. Two rules close the gap:
+* a send deadline `D` (TOOLOPS_QPS_SEND_DEADLINE_SECONDS): a grant older than `D` when its
+  request is about to leave is abandoned (still spent) and the request takes a fresh one, so a
+  request arrives within `D + e` of its grant, `e` being the gate-to-server latency;
+* a wire margin `A >= D + e` (TOOLOPS_QPS_WIRE_ALLOWANCE_SECONDS): with `n = max(1, floor(cap))`
+  grants are spaced `max(1/cap, (1 + A) / n)` apart, so any `n + 1` arrivals span at least
+  `n * (1 + A) / n - (D + e) >= 1` second: no sliding one-second window at the server holds more
+  than `n`, i.e. the configured cap. The price is a rate `A` (10%) below the cap.
 
 The observed-rate figures (total, per purpose, peak in one second) are counted by the same script
 in Redis, not in a SQL table: a row per request would add one INSERT to every poll (the hottest
@@ -73,6 +83,15 @@ return {0, tostring((1 - tokens) / rate), tostring(d)}
 """
 
 
+_SPEND_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+redis.call('HSET', KEYS[1], 'tokens', '0', 'ts', tostring(now))
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
+return 1
+"""
+
+
 @dataclass(frozen=True)
 class Take:
     """The answer of one take: granted, or how long until a token and how many were refused."""
@@ -88,6 +107,8 @@ class Take:
 class BucketStats:
     total: int = 0
     denied: int = 0
+    # Grants given up past their send deadline (never sent; not in `total` or `by_purpose`).
+    abandoned: int = 0
     peak_in_one_second: int = 0
     peak_at_epoch_second: int | None = None
     by_purpose: dict[str, int] = field(default_factory=dict)
@@ -100,9 +121,37 @@ class TokenBucket(Protocol):
 
     def reset(self, *, key: str) -> None: ...
 
+    def abandon(self, *, key: str, purpose: str) -> None:
+        """A grant passed its send deadline unused: it stays spent, but it is no request, so the
+        totals (requests sent) drop it and `abandoned` counts it."""
+        ...
+
+    def spend(self, *, key: str) -> None:
+        """Empty the bucket now without counting a request: requests charged elsewhere just left
+        through the same door (the negotiation of a new server), so the next grant waits."""
+        ...
+
 
 def _burst() -> float:
     return float(getattr(settings, "TOOLOPS_QPS_BURST", 1.0))
+
+
+def send_deadline_seconds() -> float:
+    """A grant older than this when its request is about to leave is not used (see the module doc)."""
+    return float(getattr(settings, "TOOLOPS_QPS_SEND_DEADLINE_SECONDS", 0.05))
+
+
+def wire_allowance_seconds() -> float:
+    """The margin between grants: the send deadline plus the gate-to-server latency it allows."""
+    return max(float(getattr(settings, "TOOLOPS_QPS_WIRE_ALLOWANCE_SECONDS", 0.1)),
+               send_deadline_seconds())
+
+
+def wire_rate(*, cap: float) -> float:
+    """The refill rate that keeps every sliding second of ARRIVALS at or under `cap`."""
+    n = max(1, math.floor(cap))
+    interval = max(1.0 / cap, (1.0 + wire_allowance_seconds()) / n)
+    return 1.0 / interval
 
 
 class RedisTokenBucket:
@@ -116,6 +165,7 @@ class RedisTokenBucket:
         # runs after `os` is torn down and prints a spurious traceback.
         atexit.register(self._shutdown)
         self._script: Any = self._redis.register_script(_TAKE_SCRIPT)
+        self._spend_script: Any = self._redis.register_script(_SPEND_SCRIPT)
         self._prefix = prefix
 
     def _shutdown(self) -> None:
@@ -123,6 +173,7 @@ class RedisTokenBucket:
         # not by its __del__ during interpreter teardown.
         self._redis.close()
         self._script = None
+        self._spend_script = None
         self._redis = None
 
     def _keys(self, key: str) -> list[str]:
@@ -142,6 +193,7 @@ class RedisTokenBucket:
         return BucketStats(
             total=int(raw.get("total", 0)),
             denied=int(raw.get("denied", 0)),
+            abandoned=int(raw.get("abandoned", 0)),
             peak_in_one_second=int(raw.get("peak", 0)),
             peak_at_epoch_second=int(raw["peak_at"]) if "peak_at" in raw else None,
             by_purpose={k.split(":", 1)[1]: int(v) for k, v in raw.items()
@@ -151,6 +203,17 @@ class RedisTokenBucket:
     def reset(self, *, key: str) -> None:
         bucket, stats, _, _ = self._keys(key)
         self._redis.delete(bucket, stats)
+
+    def abandon(self, *, key: str, purpose: str) -> None:
+        stats = self._keys(key)[1]
+        pipe = self._redis.pipeline()
+        pipe.hincrby(stats, "total", -1)
+        pipe.hincrby(stats, f"purpose:{purpose}", -1)
+        pipe.hincrby(stats, "abandoned", 1)
+        pipe.execute()
+
+    def spend(self, *, key: str) -> None:
+        self._spend_script(keys=self._keys(key)[:1], args=[BUCKET_TTL_SECONDS])
 
 
 class LocalTokenBucket:
@@ -192,7 +255,7 @@ class LocalTokenBucket:
     def stats(self, *, key: str) -> BucketStats:
         with self._lock:
             s = self._stats.get(key, BucketStats())
-            return BucketStats(total=s.total, denied=s.denied,
+            return BucketStats(total=s.total, denied=s.denied, abandoned=s.abandoned,
                                peak_in_one_second=s.peak_in_one_second,
                                peak_at_epoch_second=s.peak_at_epoch_second,
                                by_purpose=dict(s.by_purpose))
@@ -201,6 +264,17 @@ class LocalTokenBucket:
         with self._lock:
             for store in (self._buckets, self._stats, self._seconds):
                 store.pop(key, None)
+
+    def abandon(self, *, key: str, purpose: str) -> None:
+        with self._lock:
+            stats = self._stats.setdefault(key, BucketStats())
+            stats.total -= 1
+            stats.by_purpose[purpose] = stats.by_purpose.get(purpose, 0) - 1
+            stats.abandoned += 1
+
+    def spend(self, *, key: str) -> None:
+        with self._lock:
+            self._buckets[key] = (0.0, time.time())
 
 
 _bucket_lock = threading.Lock()
@@ -239,14 +313,23 @@ def qps_bucket_replace(bucket: TokenBucket | None) -> None:
         _bucket = bucket
 
 
-def server_bucket_key(*, server_id: int) -> str:
-    """Namespaced by ledger database: server ids are per database, and two ledgers (a test run and
-    a benchmark, two deployments) sharing one Redis must not share buckets or counters."""
+def _namespace() -> str:
+    """Buckets are namespaced by ledger database: server ids are per database, and two ledgers (a
+    test run and a benchmark, two deployments) sharing one Redis must not share buckets."""
     namespace = str(getattr(settings, "TOOLOPS_QPS_NAMESPACE", "") or "")
     if not namespace:
         db = settings.DATABASES["default"]
         namespace = f"{db.get('HOST') or 'local'}:{db.get('PORT') or ''}:{db['NAME']}"
-    return f"{namespace}:server:{server_id}"
+    return namespace
+
+
+def server_bucket_key(*, server_id: int) -> str:
+    return f"{_namespace()}:server:{server_id}"
+
+
+def door_bucket_key(*, url: str) -> str:
+    """A bucket for a server's door before it has a row: the negotiation at `server-add`."""
+    return f"{_namespace()}:door:{url}"
 
 
 def retry_spread_seconds(*, take: Take, rate: float) -> float:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 from collections import Counter
 from datetime import timedelta
 
@@ -78,6 +79,28 @@ def build(poll_interval_ms: int, *, tasks: bool = True) -> FastMCP:
             return mcp_types.InputRequiredResult(input_requests={"name": request})
         content = getattr(answer, "content", None) or {}
         return f"Hello, {content.get('name')}!"
+
+    @mcp.tool(task=task)
+    async def ask_rounds(ctx: Context, question: str = "Value?", rounds: int = 2) -> object:
+        """Ask `rounds` questions, one per leg; answers so far ride in `request_state`."""
+        RUNS["ask_rounds"] += 1
+        state = json.loads(ctx.request_state) if ctx.request_state else {"answers": []}
+        answers: list[str] = list(state["answers"])
+        answer = (ctx.input_responses or {}).get(f"r{len(answers) + 1}")
+        if answer is not None:
+            answers.append(str((getattr(answer, "content", None) or {}).get("value")))
+        if len(answers) >= rounds:
+            return "answers: " + ",".join(answers)
+        key = f"r{len(answers) + 1}"  # minted per round, never reused
+        request = mcp_types.ElicitRequest(
+            params=mcp_types.ElicitRequestFormParams(
+                message=f"{question} ({len(answers) + 1}/{rounds})",
+                requested_schema={"type": "object", "properties": {"value": {"type": "string"}},
+                                  "required": ["value"]},
+            )
+        )
+        return mcp_types.InputRequiredResult(input_requests={key: request},
+                                             request_state=json.dumps({"answers": answers}))
 
     return mcp
 

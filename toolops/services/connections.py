@@ -12,6 +12,7 @@ follow-up that may wait briefly in place.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -29,9 +30,24 @@ from adapters.base import RequestGate
 from adapters.registry import Bounds
 from ledger.models import ToolServer
 from toolops.metrics import qps_token_denied_inc
-from toolops.qps import qps_bucket, retry_spread_seconds, server_bucket_key
+from toolops.qps import (
+    door_bucket_key,
+    qps_bucket,
+    retry_spread_seconds,
+    send_deadline_seconds,
+    server_bucket_key,
+    wire_rate,
+)
 
 T = TypeVar("T")
+logger = logging.getLogger("toolops.qps")
+
+
+def qps_grant_expired(*, server: ToolServer, purpose: str) -> None:
+    """A grant passed its send deadline unused: the counters say it was not a request."""
+    logger.debug("QPS grant for %s passed its send deadline; re-gated", server.name)
+    qps_bucket().abandon(key=server_bucket_key(server_id=server.pk), purpose=purpose)
+
 
 # The protocol calls that count against a server's cap (all of them: the cap is per server).
 # "session": a re-initialisation after a lost session, and any request outside `server_call`.
@@ -52,6 +68,9 @@ class _CallScope:
     server: ToolServer
     purpose: str
     prepaid: int  # requests already paid for: server_call's up-front token
+    # time.monotonic() just BEFORE the up-front take: the grant happened after it, so its age
+    # measured from here is never under-estimated (a slow bucket reply counts against it).
+    granted_at: float = 0.0
 
 
 # Longest in-place wait for a follow-up call's token: a worker slot is held meanwhile, so keep it
@@ -85,6 +104,12 @@ def connections_use_transport(factory: Callable[[ToolServer], httpx.BaseTranspor
     _transport_factory = factory
 
 
+def settings_bounds() -> Bounds:
+    """The per-request deadline and the response size cap every adapter is built with."""
+    return Bounds(request_deadline_s=float(settings.TOOLOPS_REQUEST_DEADLINE_SECONDS),
+                  max_response_bytes=int(settings.TOOLOPS_MAX_RESULT_BYTES))
+
+
 def adapter_for_server(*, server: ToolServer) -> TaskAdapter:
     key = (server.pk, server.adapter_version, server.url, server.session_id)
     with _lock:
@@ -98,15 +123,14 @@ def adapter_for_server(*, server: ToolServer) -> TaskAdapter:
                 # Adapter settings negotiation stored (AIP-151: the configured methods).
                 options=(server.capabilities or {}).get("adapter_options"),
                 transport=_transport_factory(server) if _transport_factory is not None else None,
-                bounds=Bounds(request_deadline_s=float(settings.TOOLOPS_REQUEST_DEADLINE_SECONDS),
-                              max_response_bytes=int(settings.TOOLOPS_MAX_RESULT_BYTES)),
+                bounds=settings_bounds(),
             )
             adapter.set_request_gate(server_request_gate(server=server))
             _cache[key] = adapter
         return adapter
 
 
-def server_token_take(*, server: ToolServer, purpose: str, follow_up: bool = False) -> None:
+def server_token_take(*, server: ToolServer, purpose: str, follow_up: bool = False) -> float:
     """Take one token or raise RateLimited with a retry time spread over the refused callers.
 
     `follow_up` marks the second call of one observation (the input read or result fetch right
@@ -116,8 +140,11 @@ def server_token_take(*, server: ToolServer, purpose: str, follow_up: bool = Fal
     """
     if purpose not in PURPOSES:
         raise ValueError(f"unknown call purpose {purpose!r}; known: {sorted(PURPOSES)}")
-    rate = float(server.max_qps)
+    # Spaced for arrivals at the server, not grants here (toolops/qps.py, "the cap at the wire").
+    rate = wire_rate(cap=float(server.max_qps))
     bucket, key = qps_bucket(), server_bucket_key(server_id=server.pk)
+    # Returned on a grant: time.monotonic() just before the take that granted (see _CallScope).
+    asked_at = time.monotonic()
     take = bucket.take(key=key, rate=rate, purpose=purpose)
     inline_wait = float(settings.TOOLOPS_QPS_INLINE_WAIT_SECONDS)
     if follow_up:
@@ -126,9 +153,10 @@ def server_token_take(*, server: ToolServer, purpose: str, follow_up: bool = Fal
         # The token is due within a few milliseconds: one timed wait (never a loop) costs less
         # than handing the row back to the ledger and claiming it again.
         time.sleep(take.wait_s)
+        asked_at = time.monotonic()
         take = bucket.take(key=key, rate=rate, purpose=purpose)
     if take.granted:
-        return
+        return asked_at
     # Full jitter over the time the bucket needs to serve everyone refused this second: the
     # refused callers come back spread out, not as one herd at the next refill.
     qps_token_denied_inc(server=server.name)
@@ -152,12 +180,47 @@ def server_request_gate(*, server: ToolServer, purpose: str = "session") -> Requ
         if scope is not None and scope.server.pk == server_id:
             if scope.prepaid > 0:
                 scope.prepaid -= 1
-                return
+                if time.monotonic() - scope.granted_at <= send_deadline_seconds():
+                    return
+                # The up-front grant is too old to be used now: sent late, this request could
+                # reach the server close behind one granted after it. It stays spent (never
+                # handed back: its slot is past) and the request takes a fresh grant.
+                qps_grant_expired(server=scope.server, purpose=scope.purpose)
             server_token_take(server=scope.server, purpose=scope.purpose, follow_up=True)
             return
         server_token_take(server=server, purpose=purpose, follow_up=True)
 
     return gate
+
+
+# A person waits on `server-add`: its negotiation waits for tokens instead of failing.
+DOOR_MAX_WAIT_SECONDS = 30.0
+
+
+def door_request_gate(*, url: str, max_qps: float) -> RequestGate:
+    """The gate for a server that has no row yet (the negotiation at `server-add`): the same cap,
+    on a bucket keyed by its URL. `server_add` then empties the new server's own bucket, so its
+    first request waits one interval after the last negotiation request."""
+    rate = wire_rate(cap=float(max_qps))
+    key = door_bucket_key(url=url)
+
+    def gate(what: str) -> None:
+        give_up = time.monotonic() + DOOR_MAX_WAIT_SECONDS
+        while True:
+            take = qps_bucket().take(key=key, rate=rate, purpose="session")
+            if take.granted:
+                return
+            if time.monotonic() + take.wait_s > give_up:
+                raise TransientError(f"{what}: no QPS token for {url} within "
+                                     f"{DOOR_MAX_WAIT_SECONDS:.0f}s; nothing sent")
+            time.sleep(take.wait_s)
+
+    return gate
+
+
+def server_bucket_hand_over(*, server: ToolServer) -> None:
+    """The negotiation just used the door: the server's own bucket starts empty."""
+    qps_bucket().spend(key=server_bucket_key(server_id=server.pk))
 
 
 def server_call(*, server: ToolServer, purpose: str, fn: Callable[[TaskAdapter], T],
@@ -166,10 +229,10 @@ def server_call(*, server: ToolServer, purpose: str, fn: Callable[[TaskAdapter],
 
     The first token is taken before anything else, so a refusal (RateLimited) sends nothing.
     """
-    server_token_take(server=server, purpose=purpose, follow_up=follow_up)
+    asked_at = server_token_take(server=server, purpose=purpose, follow_up=follow_up)
     adapter = adapter_for_server(server=server)
     outer = getattr(_scope, "call", None)
-    _scope.call = _CallScope(server=server, purpose=purpose, prepaid=1)
+    _scope.call = _CallScope(server=server, purpose=purpose, prepaid=1, granted_at=asked_at)
     try:
         result = fn(adapter)
     finally:

@@ -19,6 +19,7 @@ from adapters.base import Negotiated, RequestGate, ToolDescriptor
 from adapters.mcp_tasks_ext_2026 import EXTENSION
 from ledger.models import ToolServer
 from toolops.errors import ToolopsError
+from toolops.services.connections import settings_bounds
 
 EXT = "mcp-tasks-ext/2026-07-28"
 CORE_2025 = "mcp-tasks/2025-11-25"
@@ -32,7 +33,8 @@ def negotiate_with(
 ) -> tuple[Negotiated, list[ToolDescriptor]]:
     """`request_gate`: for a server already in use (a re-initialisation), its QPS gate."""
     try:
-        adapter = adapter_for(version=adapter_version, url=url, session_id=None, options=options)
+        adapter = adapter_for(version=adapter_version, url=url, session_id=None, options=options,
+                              bounds=settings_bounds())
     except ValueError as exc:
         raise ToolopsError(str(exc)) from exc
     adapter.set_request_gate(request_gate)
@@ -48,14 +50,16 @@ def negotiate_with(
 
 
 def negotiate_auto(
-    *, url: str, sync_bounds: dict[str, float]
+    *, url: str, sync_bounds: dict[str, float], request_gate: RequestGate | None = None
 ) -> tuple[str, Negotiated, list[ToolDescriptor], list[str]]:
-    """(chosen version, negotiated, tools, notes on what was tried)."""
+    """(chosen version, negotiated, tools, notes on what was tried); every shape tried passes
+    `request_gate` (the server's cap) for each of its requests."""
     notes: list[str] = []
     sync_capable: tuple[str, Negotiated, list[ToolDescriptor]] | None = None
     for version in AUTO_ORDER:
         try:
-            negotiated, tools = negotiate_with(url=url, adapter_version=version)
+            negotiated, tools = negotiate_with(url=url, adapter_version=version,
+                                               request_gate=request_gate)
         except ToolopsError as exc:
             notes.append(f"{version}: {exc}")
             continue

@@ -2,9 +2,12 @@
 
 Read-only; `toolops polls` prints it today and `toolops gate` can reuse `poll_report_servers`.
 Request counts come from the QPS bucket's own counters (counted by the script that grants the
-token, so every request sent is counted once and nothing else is); operation counts come from
-the ledger. The bucket counters live as long as their Redis keys (or the embedded process), so
-`polls_per_operation` is meaningful for a run that started from `poll_report_reset`.
+token, so every request sent is counted once and nothing else is; a grant abandoned past its
+send deadline is taken back out of the totals). The peak is of grants per calendar second at the
+bucket, not of arrivals at the server: benchmarks/qps_wire.py measures those (docs/conformance.md,
+"The cap at the wire"). Negotiation at `server-add` is counted on the URL's own bucket, not here.
+Operation counts come from the ledger. The bucket counters live as long as their Redis keys (or
+the embedded process), so `polls_per_operation` is meaningful for a run that started from `poll_report_reset`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ class ServerPollFigures:
     peak_over_configured: float
     total_requests: int
     refused_tokens: int
+    # Grants given up unused past their send deadline (toolops/qps.py); not in total_requests.
+    abandoned_grants: int = 0
     requests_by_purpose: dict[str, int] = field(default_factory=dict)
     operations: int = 0
     operations_accepted: int = 0
@@ -59,6 +64,7 @@ def poll_report_servers(*, names: list[str] | None = None) -> list[ServerPollFig
             peak_over_configured=round(stats.peak_in_one_second / server.max_qps, 4),
             total_requests=stats.total,
             refused_tokens=stats.denied,
+            abandoned_grants=stats.abandoned,
             requests_by_purpose=dict(sorted(stats.by_purpose.items())),
             operations=server.ops,  # type: ignore[attr-defined]
             operations_accepted=server.accepted,  # type: ignore[attr-defined]

@@ -11,7 +11,11 @@ from adapters.base import Negotiated, RequestGate, ToolDescriptor
 from ledger.digests import canonical_digest
 from ledger.models import ToolServer
 from toolops.errors import ToolopsError
-from toolops.services.connections import server_request_gate
+from toolops.services.connections import (
+    door_request_gate,
+    server_bucket_hand_over,
+    server_request_gate,
+)
 from toolops.services.negotiation import negotiate_auto, negotiate_with
 
 DEFAULT_ADAPTER = "mcp-tasks/2025-11-25"
@@ -52,15 +56,19 @@ def server_add(
     """
     if max_qps <= 0:
         raise ToolopsError("--max-qps must be positive")
+    # The handshake (initialize, initialized, tools/list, and every shape `auto` tries) reaches
+    # the server's door like any later request: it passes the same cap, on the URL's bucket.
+    gate = door_request_gate(url=url, max_qps=max_qps)
     if adapter_version == "auto":
         adapter_version, negotiated, tools, _notes = negotiate_auto(
-            url=url, sync_bounds=dict(sync_bounds or {})
+            url=url, sync_bounds=dict(sync_bounds or {}), request_gate=gate
         )
     else:
-        negotiated, tools = _negotiate(url=url, adapter_version=adapter_version, options=options)
+        negotiated, tools = _negotiate(url=url, adapter_version=adapter_version, options=options,
+                                       request_gate=gate)
     try:
         with transaction.atomic():
-            return ToolServer.objects.create(
+            server = ToolServer.objects.create(
                 name=name,
                 url=url,
                 adapter_version=adapter_version,
@@ -75,6 +83,8 @@ def server_add(
             )
     except IntegrityError as exc:
         raise ToolopsError(f"a server named {name!r} already exists") from exc
+    server_bucket_hand_over(server=server)
+    return server
 
 
 def server_renegotiate(*, server_id: int, stale_session_id: str) -> ToolServer:

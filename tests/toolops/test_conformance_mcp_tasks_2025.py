@@ -1,0 +1,134 @@
+"""Shape A conformance: each cell of the table, one test, against a server told to answer that way.
+
+The server is tests/peers/status_server.py (real HTTP on loopback): the official SDK server cannot
+be made to answer a create reply `completed` or a cancel with `working`, so the cells are walked
+against this scriptable one; the SDK server's own behaviour is in test_flow_mcp_tasks.py,
+test_inputs.py and the cross-process lifecycle test. The walk asserts, per cell, the event the
+table names and the move (or stay) it names, and that nothing crashed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from ledger.models import Operation, OperationEvent, ToolServer
+from ledger.states import State
+from tests.peers.status_server import serve
+from toolops.conformance import SHAPE_A, UNKNOWN, Cell, cells_for
+from toolops.services.cancel import operation_cancel
+from toolops.services.dispatch import operations_claim_due
+from toolops.services.observe import operation_poll
+from toolops.services.servers import server_add
+from toolops.services.submit import operation_submit
+
+pytestmark = pytest.mark.django_db
+
+TERMINAL = ("completed", "failed", "cancelled")
+# What the scriptable server says for the cell's "status the protocol lacks".
+UNKNOWN_WIRE = "paused"
+
+
+def _wire(status: str) -> str:
+    return UNKNOWN_WIRE if status == UNKNOWN else status
+
+
+@pytest.fixture(scope="module")
+def status_url() -> Iterator[str]:
+    server = serve(0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/mcp"
+    server.shutdown()
+
+
+@pytest.fixture
+def server(status_url: str) -> ToolServer:
+    return server_add(name="status", url=status_url, max_qps=50)
+
+
+def _submit(script: dict[str, Any], node: str) -> Operation:
+    return operation_submit(server_name="status", tool_name="scripted", call_node_id=node,
+                            arguments={"script": script}, ttl_ms=60_000)
+
+
+def _poll_once(op: Operation) -> str:
+    Operation.objects.filter(id=op.id).update(next_poll_at=timezone.now())
+    claimed = operations_claim_due(owner="conformance")
+    assert op.id in claimed
+    return operation_poll(operation_id=op.id, lease_owner="conformance")
+
+
+def _check(op: Operation, cell: Cell) -> None:
+    events = list(OperationEvent.objects.filter(operation=op).order_by("seq"))
+    kinds = [e.kind for e in events]
+    assert cell.event in kinds, f"{cell}: events {kinds}"
+    if cell.moves:
+        assert any(e.from_state == cell.from_state and e.to_state == cell.to_state
+                   for e in events), f"{cell}: no {cell.from_state} -> {cell.to_state} in {kinds}"
+    else:
+        # The observation itself moved nothing: no transition out of from_state after it.
+        at = kinds.index(cell.event)
+        assert all(e.from_state == e.to_state or e.from_state != cell.from_state
+                   for e in events[at:]), f"{cell}: moved on: {kinds}"
+    if cell.violation:
+        event = events[kinds.index(cell.event)]
+        assert event.data, f"{cell}: a violation is recorded with its reason"
+
+
+def _ids(cell: Cell) -> str:
+    return f"{cell.position}:{cell.status}:{cell.from_state}"
+
+
+@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_A, position="create_reply"), ids=_ids)
+def test_create_reply(server: ToolServer, cell: Cell) -> None:
+    status = _wire(cell.status)
+    op = _submit({"create": status, "get": [status if status in TERMINAL else "completed"]},
+                 node=f"create-{status}")
+    op.refresh_from_db()
+    _check(op, cell)
+    if cell.status == "input_required":
+        # Round 1 is open, the remote id recorded with it.
+        assert op.state == State.INPUT_REQUIRED and op.remote_id and op.input_round == 1
+        assert op.input_requests.get(round=1).status == "open"
+
+
+@pytest.mark.parametrize("cell", [c for c in cells_for(adapter=SHAPE_A, position="get")
+                                  if c.from_state == State.WORKING], ids=_ids)
+def test_get_while_working(server: ToolServer, cell: Cell) -> None:
+    status = _wire(cell.status)
+    op = _submit({"create": "working", "get": [status, "completed"] if status == "input_required"
+                  else [status]}, node=f"get-{status}")
+    assert op.state == State.WORKING
+    _poll_once(op)
+    op.refresh_from_db()
+    _check(op, cell)
+
+
+@pytest.mark.parametrize("cell", [c for c in cells_for(adapter=SHAPE_A, position="get")
+                                  if c.from_state == State.CANCEL_REQUESTED], ids=_ids)
+def test_get_while_a_cancel_is_pending(server: ToolServer, cell: Cell) -> None:
+    status = _wire(cell.status)
+    # The cancel reply says `working` (no evidence), so the row polls in CANCEL_REQUESTED.
+    op = _submit({"create": "working", "get": [status], "cancel": "working"},
+                 node=f"cget-{status}")
+    operation_cancel(operation_id=op.id)
+    op.refresh_from_db()
+    assert op.state == State.CANCEL_REQUESTED
+    _poll_once(op)
+    op.refresh_from_db()
+    _check(op, cell)
+
+
+@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_A, position="cancel_reply"), ids=_ids)
+def test_cancel_reply(server: ToolServer, cell: Cell) -> None:
+    status = _wire(cell.status)
+    op = _submit({"create": "working", "get": ["working"], "cancel": status},
+                 node=f"cancel-{status}")
+    operation_cancel(operation_id=op.id)
+    op.refresh_from_db()
+    _check(op, cell)
