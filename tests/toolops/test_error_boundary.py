@@ -313,3 +313,30 @@ def test_a_reply_that_cannot_be_written_raises_a_typed_error_and_keeps_the_remot
     else:
         assert op.state == State.RECONCILIATION_REQUIRED
         assert seen in str(ReconciliationItem.objects.get(operation=op).evidence)
+
+
+def test_the_celery_poll_task_and_the_path_executor_use_the_boundary(
+        server: ToolServer, monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    from toolops.services.executors import executor_run
+    from toolops.tasks import poll_operation
+
+    settings.TOOLOPS_EXECUTOR_MAX_CRASHES = 1000  # retried, not queued: the row must come back
+    op = _submit(server, "via-task")
+    _due_now(op)
+
+    def crash(**_kwargs: Any) -> str:
+        raise KeyError("a bug in one row's cycle")
+
+    monkeypatch.setattr("toolops.services.observe.operation_poll", crash)
+    owner = "celery-worker"
+    assert operations_claim_due(owner=owner) == [op.id]
+    assert poll_operation(str(op.id), owner) == "executor_error"  # the task body, run inline
+    row = Operation.objects.get(id=op.id)
+    assert row.lease_owner == "" and row.next_poll_at is not None
+    _due_now(op)
+    stats = executor_run(path="tasks", until_idle=False, max_seconds=1.0)
+    assert stats.outcomes.get("executor_error", 0) >= 1
+    assert [c["type"] for c in _crashes(op)][:2] == ["builtins.KeyError"] * 2
+    monkeypatch.undo()
+    runner.run_embedded(until_idle=True, max_seconds=60)
+    assert Operation.objects.get(id=op.id).state == State.ACCEPTED
