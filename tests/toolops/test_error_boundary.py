@@ -340,3 +340,26 @@ def test_the_celery_poll_task_and_the_path_executor_use_the_boundary(
     monkeypatch.undo()
     runner.run_embedded(until_idle=True, max_seconds=60)
     assert Operation.objects.get(id=op.id).state == State.ACCEPTED
+
+
+def test_a_stored_result_the_acceptance_point_keeps_refusing_is_queued_not_retried_forever(
+        server: ToolServer) -> None:
+    from ledger.digests import canonical_digest
+
+    stored = {"kind": "result", "payload": {"content": []}, "is_error": False,
+              "status_message": ""}
+    op = OperationFactory(server=server, state=State.FETCHING_RESULT, terminal_status="completed",
+                          result=stored, result_kind="result", result_digest=canonical_digest(stored),
+                          next_poll_at=timezone.now() - timedelta(seconds=1))
+    # A receipt already holds this row's slot: every acceptance is refused (IntegrityError inside).
+    TerminalReceipt.objects.create(
+        operation=op, call_node_id=op.call_node_id, execution_epoch=op.execution_epoch,
+        terminal_status="completed", request_digest=op.request_digest, remote_id=op.remote_id,
+        descriptor_version=op.descriptor_version, cancel_generation=op.cancel_generation,
+        result_digest=op.result_digest)
+    stats = runner.run_embedded(until_idle=True, max_seconds=60)
+    op.refresh_from_db()
+    assert op.state == State.RECONCILIATION_REQUIRED
+    assert ReconciliationItem.objects.get(operation=op).reason == "executor_error"
+    assert stats.outcomes == {"acceptance_refused": 4, "acceptance_refused_queued": 1}
+    assert OperationEvent.objects.filter(operation=op, kind="acceptance_refused").count() == 5
