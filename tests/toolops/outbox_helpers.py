@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.utils import timezone
+
 from ledger.digests import canonical_digest
 from ledger.models import Operation, TerminalReceipt
 from ledger.services.acceptance import operation_accept_terminal
@@ -14,7 +16,8 @@ def accepted_operation(**fields: object) -> tuple[Operation, TerminalReceipt]:
               "is_error": False, "status_message": ""}
     op = OperationFactory(state=State.FETCHING_RESULT, terminal_status="completed", result=result,
                           result_kind="result", result_digest=canonical_digest(result),
-                          next_poll_at=None, **fields)
+                          # A stored result awaiting acceptance stays due (op_open_row_scheduled).
+                          next_poll_at=timezone.now(), **fields)
     receipt = operation_accept_terminal(
         operation_id=op.id, call_node_id=op.call_node_id, request_digest=op.request_digest,
         remote_id=op.remote_id, descriptor_version=op.descriptor_version,

@@ -313,3 +313,53 @@ def test_a_reply_that_cannot_be_written_raises_a_typed_error_and_keeps_the_remot
     else:
         assert op.state == State.RECONCILIATION_REQUIRED
         assert seen in str(ReconciliationItem.objects.get(operation=op).evidence)
+
+
+def test_the_celery_poll_task_and_the_path_executor_use_the_boundary(
+        server: ToolServer, monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    from toolops.services.executors import executor_run
+    from toolops.tasks import poll_operation
+
+    settings.TOOLOPS_EXECUTOR_MAX_CRASHES = 1000  # retried, not queued: the row must come back
+    op = _submit(server, "via-task")
+    _due_now(op)
+
+    def crash(**_kwargs: Any) -> str:
+        raise KeyError("a bug in one row's cycle")
+
+    monkeypatch.setattr("toolops.services.observe.operation_poll", crash)
+    owner = "celery-worker"
+    assert operations_claim_due(owner=owner) == [op.id]
+    assert poll_operation(str(op.id), owner) == "executor_error"  # the task body, run inline
+    row = Operation.objects.get(id=op.id)
+    assert row.lease_owner == "" and row.next_poll_at is not None
+    _due_now(op)
+    stats = executor_run(path="tasks", until_idle=False, max_seconds=1.0)
+    assert stats.outcomes.get("executor_error", 0) >= 1
+    assert [c["type"] for c in _crashes(op)][:2] == ["builtins.KeyError"] * 2
+    monkeypatch.undo()
+    runner.run_embedded(until_idle=True, max_seconds=60)
+    assert Operation.objects.get(id=op.id).state == State.ACCEPTED
+
+
+def test_a_stored_result_the_acceptance_point_keeps_refusing_is_queued_not_retried_forever(
+        server: ToolServer) -> None:
+    from ledger.digests import canonical_digest
+
+    stored = {"kind": "result", "payload": {"content": []}, "is_error": False,
+              "status_message": ""}
+    op = OperationFactory(server=server, state=State.FETCHING_RESULT, terminal_status="completed",
+                          result=stored, result_kind="result", result_digest=canonical_digest(stored),
+                          next_poll_at=timezone.now() - timedelta(seconds=1))
+    # A receipt already holds this row's slot: every acceptance is refused (IntegrityError inside).
+    TerminalReceipt.objects.create(
+        operation=op, call_node_id=op.call_node_id, execution_epoch=op.execution_epoch,
+        terminal_status="completed", request_digest=op.request_digest, remote_id=op.remote_id,
+        descriptor_version=op.descriptor_version, cancel_generation=op.cancel_generation,
+        result_digest=op.result_digest)
+    stats = runner.run_embedded(until_idle=True, max_seconds=60)
+    op.refresh_from_db()
+    assert op.state == State.RECONCILIATION_REQUIRED
+    assert ReconciliationItem.objects.get(operation=op).reason == "executor_error"
+    assert stats.outcomes == {"acceptance_refused": 4, "acceptance_refused_queued": 1}
+    assert OperationEvent.objects.filter(operation=op, kind="acceptance_refused").count() == 5

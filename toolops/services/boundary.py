@@ -46,6 +46,7 @@ logger = logging.getLogger("toolops.boundary")
 T = TypeVar("T")
 
 EXECUTOR_ERROR = "executor_error"
+ACCEPTANCE_REFUSED = "acceptance_refused"
 # Events a crashing cycle may write before it crashes again (it re-fetches, re-records an error):
 # they do not end a run of crashes. Any other event is progress and starts the count afresh.
 NON_PROGRESS_KINDS = frozenset({EXECUTOR_ERROR, "poll_error", "result_fetch_error",
@@ -119,7 +120,8 @@ def _consecutive_crashes(*, operation_id: uuid.UUID) -> int:
     return count
 
 
-def _record_crash(*, operation_id: uuid.UUID, lease_owner: str, error: dict[str, Any]) -> str:
+def _record_crash(*, operation_id: uuid.UUID, lease_owner: str, error: dict[str, Any],
+                  label: str = EXECUTOR_ERROR) -> str:
     from toolops.services.reconcile import operation_to_reconciliation
 
     max_crashes = int(settings.TOOLOPS_EXECUTOR_MAX_CRASHES)
@@ -136,25 +138,25 @@ def _record_crash(*, operation_id: uuid.UUID, lease_owner: str, error: dict[str,
         if not lease_free:
             # Another worker owns the row now: record what happened, leave its schedule alone.
             _append(op=op, data={**data, "rescheduled": False})
-            return EXECUTOR_ERROR
+            return label
         if op.state in CLAIMABLE:
             if crashes >= max_crashes and State.RECONCILIATION_REQUIRED in TRANSITIONS[State(op.state)]:
                 _append(op=op, data={**data, "rescheduled": False})
                 operation_to_reconciliation(op=op, lease_owner=None, reason=EXECUTOR_ERROR,
                                             evidence={"last_error": error, "crashes": crashes})
-                return "executor_error_queued"
+                return f"{label}_queued"
             at = next_poll_after_error_at(now=now, poll_interval_ms=op.poll_interval_ms,
                                           expires_at=op.expires_at, consecutive_errors=crashes,
                                           retry_after_s=None)
             Operation.objects.filter(id=op.id).update(lease_owner="", lease_expires_at=None,
                                                       next_poll_at=at, updated_at=now)
             _append(op=op, data={**data, "rescheduled": True, "next_poll_at": at.isoformat()})
-            return EXECUTOR_ERROR
+            return label
         # Not polled in this state (waiting on input, queued, terminal): hand back our lease only.
         Operation.objects.filter(id=op.id, lease_owner=lease_owner).update(
             lease_owner="", lease_expires_at=None, updated_at=now)
         _append(op=op, data={**data, "rescheduled": False})
-        return EXECUTOR_ERROR
+        return label
 
 
 def _append(*, op: Operation, data: dict[str, Any]) -> None:
@@ -187,9 +189,23 @@ def operation_poll_guarded(*, operation_id: uuid.UUID, lease_owner: str) -> str:
     from toolops.services.observe import operation_poll
 
     try:
-        return operation_poll(operation_id=operation_id, lease_owner=lease_owner)
+        outcome = operation_poll(operation_id=operation_id, lease_owner=lease_owner)
     except Exception as exc:
         return operation_record_crash(operation_id=operation_id, lease_owner=lease_owner, exc=exc)
+    if outcome != ACCEPTANCE_REFUSED:
+        return outcome
+    # The acceptance point refused a stored result (its reason is in the acceptance_refused
+    # event). The row stays due under our lease, so it would be tried again at every lease end,
+    # forever: it is counted like a crash instead (backoff, then the queue after the limit).
+    try:
+        return db_write_retrying(lambda: _record_crash(
+            operation_id=operation_id, lease_owner=lease_owner, label=ACCEPTANCE_REFUSED,
+            error={"type": ACCEPTANCE_REFUSED, "where": "",
+                   "message": "the acceptance point refused this row (see acceptance_refused)"}),
+            what=f"recording the refused acceptance of {operation_id}")
+    except Exception:
+        db_connection_reopen()  # the lease expires and the row is tried again
+        return outcome
 
 
 def operations_release_unpolled(*, ids: list[uuid.UUID], owner: str) -> int:

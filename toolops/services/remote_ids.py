@@ -22,6 +22,7 @@ from typing import Any
 
 from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 
+from ledger.errors import IllegalTransition
 from ledger.models import Operation
 from ledger.services.events import operation_record_event
 from ledger.services.transitions import operation_transition
@@ -104,6 +105,18 @@ def submit_reply_record(
 
     try:
         return db_write_retrying(attempt, what=f"recording the reply of {operation_id}")
+    except IllegalTransition as exc:
+        if tries[0] == 1:
+            raise  # no database trouble: the caller's own handling (a moved epoch) applies
+        # The database came back after our lease ran out: the dispatcher already moved the row
+        # on (SUBMISSION_UNKNOWN, resolved by key). Leave what we saw; never write over it.
+        kept = _record_seen(operation_id=operation_id, remote_id=remote_id,
+                            error={"type": type(exc).__name__, "message": "lease ran out"})
+        raise SubmitReplyUnrecorded(
+            f"the server accepted the call as task {remote_id!r}, but the ledger was unavailable "
+            f"until the submit's lease ran out; operation {operation_id} is resolved by its "
+            f"submission key ({'the remote id is kept in its events' if kept else 'see the logs'})"
+        ) from exc
     except IntegrityError as exc:
         if not is_remote_id_collision(exc):
             raise
