@@ -22,6 +22,7 @@ from django.utils.html import format_html
 from ledger.models import EffectReconciliation, InputRequest
 from toolops.admin_forms import form_json_object
 from toolops.services.inputs import ELICITATION_ACTIONS, InputAnswerRefused, operation_answer_input
+from toolops.services.permissions import PermissionRefused, actor_for_user
 
 ANSWER_PERMISSION = "ledger.change_inputrequest"
 
@@ -120,9 +121,9 @@ class InputRequestAdmin(_ReadOnly):
                 operation_answer_input(
                     operation_id=ir.operation_id, input_round=data["input_round"],
                     schema_digest=data["schema_digest"], response=response,
-                    answered_by_id=request.user.pk,
+                    answered_by_id=request.user.pk, actor=actor_for_user(user=request.user),
                 )
-            except InputAnswerRefused as exc:
+            except (InputAnswerRefused, PermissionRefused) as exc:
                 form.add_error(None, str(exc))
             else:
                 messages.success(request, f"round {ir.round} of {ir.operation_id} answered")

@@ -20,6 +20,7 @@ from django.utils import timezone
 from ledger.models import ReconciliationItem
 from ledger.states import TerminalStatus
 from toolops.admin_forms import form_json_object
+from toolops.services.permissions import PermissionRefused, actor_for_user
 from toolops.services.reconcile import (
     ReconciliationRefused,
     reconciliation_abandon,
@@ -69,7 +70,7 @@ class AcceptForm(ReasonForm):
         return form_json_object(self.cleaned_data["evidence"])
 
 
-Service = Callable[[ReconciliationItem, dict[str, Any], str], object]
+Service = Callable[[ReconciliationItem, dict[str, Any], Any], object]
 
 
 class ReconciliationItemAdmin(admin.ModelAdmin):
@@ -122,13 +123,13 @@ class ReconciliationItemAdmin(admin.ModelAdmin):
                 **self.admin_site.each_context(request), "title": title, "explanation": explanation,
                 "items": items, "form": form, "action": action, "opts": self.model._meta,
             })
-        actor = request.user.get_username()
+        actor = actor_for_user(user=request.user)  # the services check its permission again
         done = 0
         for item in items:
             try:
                 service(item, form.cleaned_data, actor)
                 done += 1
-            except ReconciliationRefused as exc:
+            except (ReconciliationRefused, PermissionRefused) as exc:
                 self.message_user(request, f"item {item.id}: {exc}", level=messages.ERROR)
         if done:
             self.message_user(request, f"{title}: {done} item(s) resolved.", level=messages.SUCCESS)

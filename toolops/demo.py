@@ -11,7 +11,9 @@ import json
 import time
 from typing import Any, Protocol
 
+from django.conf import settings
 from django.db import connection
+from django.test import override_settings
 
 from ledger.selectors import operation_snapshot
 from toolops.runner import run_embedded
@@ -49,6 +51,15 @@ def _result_line(payload: dict[str, Any] | None) -> str:
     return f"{payload['kind']} is_error={payload['is_error']}: {detail[:120]}"
 
 
+def _allow_own_server(url: str) -> Any:
+    """The reference server listens on loopback, which the server URL policy refuses unless
+    TOOLOPS_SERVER_HOSTS lists it: the demo adds exactly its own server's address, for its run."""
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    return override_settings(TOOLOPS_SERVER_HOSTS=f"{settings.TOOLOPS_SERVER_HOSTS},{host}")
+
+
 def run_demo(*, out: _Writer) -> int:
     try:
         from tests.peers.launch import running_reference_server
@@ -57,7 +68,7 @@ def run_demo(*, out: _Writer) -> int:
         return 2
     started = time.monotonic()
     suffix = str(int(time.time() * 1000))
-    with running_reference_server() as url:
+    with running_reference_server() as url, _allow_own_server(url):
         out.write(f"reference MCP server (mcp SDK, tasks 2025-11-25) at {url}\n")
         out.write(f"database: {connection.vendor} ({connection.settings_dict['NAME']})\n")
         server = server_add(name=f"demo-{suffix}", url=url, sync_bounds={"quick_sync": 5.0})

@@ -25,7 +25,18 @@ REST_FRAMEWORK = {
     # Bounded pages: a list never loads a whole tenant's ledger into one response.
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "toolops.rest.errors.api_exception_handler",
+    # JSON only, bounded in size and depth, NUL and lone surrogates refused by field.
+    "DEFAULT_PARSER_CLASSES": ["toolops.rest.parsers.BoundedJSONParser"],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
+
+# --- Request limits and ids (toolops/middleware.py) ---
+# Largest request body accepted; a larger declared Content-Length is a 413 before anything is read.
+TOOLOPS_MAX_REQUEST_BYTES = env_int("TOOLOPS_MAX_REQUEST_BYTES", 2 * 1024 * 1024)
+# Django's own cap on bodies it reads (forms, admin) follows the same limit.
+DATA_UPLOAD_MAX_MEMORY_SIZE = TOOLOPS_MAX_REQUEST_BYTES
+# Placed first by config/settings/__init__.py: the request id covers every other middleware.
+API_MIDDLEWARE = ["toolops.middleware.RequestLimitsMiddleware"]
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "toolops API",
@@ -37,6 +48,20 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
 }
+
+# --- Server URL policy (toolops/services/url_policy.py) ---
+# Comma-separated allow-list of what tool server URLs may resolve to: "public" (any globally
+# routable address), addresses/CIDRs ("10.0.0.0/8", "127.0.0.0/8", "::1") and host names
+# ("tools.internal", "*.corp.example"). Link-local, metadata and unspecified addresses are refused
+# whatever it says; loopback and private networks only when listed.
+TOOLOPS_SERVER_HOSTS = env_str("TOOLOPS_SERVER_HOSTS", "public")
+
+# --- /metrics (toolops/metrics_view.py, toolops/metrics.py) ---
+# Bearer token a scraper must send; empty (the default) disables the endpoint (404).
+TOOLOPS_METRICS_TOKEN = env_str("TOOLOPS_METRICS_TOKEN", "")
+# Which server names may appear as labels: "shared" (servers shared by every tenant; each
+# organisation's own are folded into "tenant"), "all", or "none".
+TOOLOPS_METRICS_SERVER_LABELS = env_str("TOOLOPS_METRICS_SERVER_LABELS", "shared")
 
 # --- Tool output defense (toolops/services/output_defense.py) ---
 # Largest canonical-JSON size of one result we accept as a success; larger goes to the policy below.

@@ -29,6 +29,7 @@ from adapters.base import RequestGate
 from ledger.models import ToolServer
 from toolops.metrics import qps_token_denied_inc
 from toolops.qps import qps_bucket, retry_spread_seconds, server_bucket_key
+from toolops.services.server_transport import ServerTransport, server_transport
 
 T = TypeVar("T")
 
@@ -40,6 +41,8 @@ STATUS_NOTIFICATION = "notifications/tasks/status"
 
 _lock = threading.Lock()
 _cache: dict[tuple[int, str, str, str], TaskAdapter] = {}
+# Each cached adapter's transport (URL policy at connect time, credentials at send time).
+_transports: dict[tuple[int, str, str, str], ServerTransport] = {}
 _transport_factory: Callable[[ToolServer], httpx.BaseTransport | None] | None = None
 _rng = random.SystemRandom()
 # The `server_call` running on this thread: its gate charges its requests to this scope.
@@ -89,6 +92,9 @@ def adapter_for_server(*, server: ToolServer) -> TaskAdapter:
     with _lock:
         adapter = _cache.get(key)
         if adapter is None:
+            inner = _transport_factory(server) if _transport_factory is not None else None
+            transport = server_transport(credentials=server.credentials, inner=inner)
+            _transports[key] = transport
             adapter = adapter_for(
                 version=server.adapter_version,
                 url=server.url,
@@ -96,7 +102,7 @@ def adapter_for_server(*, server: ToolServer) -> TaskAdapter:
                 timeout_s=float(settings.TOOLOPS_HTTP_TIMEOUT_SECONDS),
                 # Adapter settings negotiation stored (AIP-151: the configured methods).
                 options=(server.capabilities or {}).get("adapter_options"),
-                transport=_transport_factory(server) if _transport_factory is not None else None,
+                transport=transport,
             )
             adapter.set_request_gate(server_request_gate(server=server))
             _cache[key] = adapter
@@ -200,3 +206,6 @@ def adapters_close_all() -> None:
         for adapter in _cache.values():
             adapter.close()
         _cache.clear()
+        for transport in _transports.values():
+            transport.close()
+        _transports.clear()

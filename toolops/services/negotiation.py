@@ -19,6 +19,7 @@ from adapters.base import Negotiated, RequestGate, ToolDescriptor
 from adapters.mcp_tasks_ext_2026 import EXTENSION
 from ledger.models import ToolServer
 from toolops.errors import ToolopsError
+from toolops.services.server_transport import server_transport
 
 EXT = "mcp-tasks-ext/2026-07-28"
 CORE_2025 = "mcp-tasks/2025-11-25"
@@ -28,12 +29,16 @@ AUTO_ORDER = (EXT, CORE_2025)
 
 def negotiate_with(
     *, url: str, adapter_version: str, options: dict[str, Any] | None = None,
-    request_gate: RequestGate | None = None,
+    request_gate: RequestGate | None = None, credentials: dict[str, Any] | None = None,
 ) -> tuple[Negotiated, list[ToolDescriptor]]:
-    """`request_gate`: for a server already in use (a re-initialisation), its QPS gate."""
+    """`request_gate`: for a server already in use (a re-initialisation), its QPS gate.
+    `credentials`: what registration split off the URL (sent, never stored in the URL)."""
+    transport = server_transport(credentials=credentials)
     try:
-        adapter = adapter_for(version=adapter_version, url=url, session_id=None, options=options)
+        adapter = adapter_for(version=adapter_version, url=url, session_id=None, options=options,
+                              transport=transport)
     except ValueError as exc:
+        transport.close()
         raise ToolopsError(str(exc)) from exc
     adapter.set_request_gate(request_gate)
     try:
@@ -44,18 +49,20 @@ def negotiate_with(
     finally:
         # Closing the HTTP client only; an MCP session stays open on the server for the workers.
         adapter.close()
+        transport.close()
     return negotiated, tools
 
 
 def negotiate_auto(
-    *, url: str, sync_bounds: dict[str, float]
+    *, url: str, sync_bounds: dict[str, float], credentials: dict[str, Any] | None = None,
 ) -> tuple[str, Negotiated, list[ToolDescriptor], list[str]]:
     """(chosen version, negotiated, tools, notes on what was tried)."""
     notes: list[str] = []
     sync_capable: tuple[str, Negotiated, list[ToolDescriptor]] | None = None
     for version in AUTO_ORDER:
         try:
-            negotiated, tools = negotiate_with(url=url, adapter_version=version)
+            negotiated, tools = negotiate_with(url=url, adapter_version=version,
+                                               credentials=credentials)
         except ToolopsError as exc:
             notes.append(f"{version}: {exc}")
             continue

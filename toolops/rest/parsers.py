@@ -1,0 +1,69 @@
+"""The one request body parser of the API: JSON, bounded before any work.
+
+* at most TOOLOPS_MAX_REQUEST_BYTES are read (the middleware already refused a larger declared
+  Content-Length; this caps what is read whatever was declared): 413;
+* strict UTF-8: 400;
+* nesting deeper than MAX_JSON_DEPTH is refused by a flat scan before json.loads runs, so no
+  recursion happens on hostile input: 400;
+* NaN/Infinity, NUL and lone surrogates (in keys or values, as `\\ud800` escapes) are refused
+  with the path of the field: 400.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from itertools import accumulate
+from typing import Any
+
+from django.conf import settings
+from rest_framework import status
+from rest_framework.exceptions import APIException, ParseError
+from rest_framework.parsers import JSONParser
+
+from toolops.services.json_input import MAX_JSON_DEPTH, JsonInputRefused, json_input_check
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]")
+
+
+class RequestTooLarge(APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "request body too large"
+    default_code = "request_too_large"
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of `text` (brackets inside strings do not count); no recursion."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    if not brackets:
+        return 0
+    return max(accumulate(1 if c in "[{" else -1 for c in brackets))
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+class BoundedJSONParser(JSONParser):
+    def parse(self, stream: Any, media_type: str | None = None,
+              parser_context: dict[str, Any] | None = None) -> Any:
+        limit = int(settings.TOOLOPS_MAX_REQUEST_BYTES)
+        raw = stream.read(limit + 1) if stream is not None else b""
+        if len(raw) > limit:
+            raise RequestTooLarge(f"request body over {limit} bytes")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ParseError(f"JSON parse error - body is not UTF-8 (byte {exc.start})") from exc
+        if json_depth(text) > MAX_JSON_DEPTH:
+            raise ParseError(f"JSON parse error - nested deeper than {MAX_JSON_DEPTH} levels")
+        try:
+            data = json.loads(text, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError) as exc:
+            raise ParseError(f"JSON parse error - {str(exc)[:200]}") from exc
+        try:
+            json_input_check(data, field="body")
+        except JsonInputRefused as exc:
+            raise ParseError(f"JSON parse error - {exc}") from exc
+        return data
