@@ -47,6 +47,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Default hooks, then the links between operations (toolops/rest/schema_links.py).
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "toolops.rest.schema_links.schema_add_links"],
 }
 
 # --- Server URL policy (toolops/services/url_policy.py) ---
