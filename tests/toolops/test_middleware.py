@@ -193,3 +193,17 @@ def test_hypothesis_hostile_bodies_never_5xx(seeded: dict[str, Any], raw: str) -
         response = _post(seeded["client"], url, template.format(v=raw))
         assert 400 <= response.status_code < 500, (url, raw[:200], response.content[:300])
     assert json_depth(raw) > MAX_JSON_DEPTH or "hostile" in raw
+
+
+@override_settings(ROOT_URLCONF="tests.toolops.urls_failing", DEBUG=False)
+def test_an_unhandled_error_is_logged_with_request_id_and_redacted_traceback(
+        log_stream: io.StringIO) -> None:
+    response = Client(raise_request_exception=False).get("/boom/", HTTP_X_REQUEST_ID="rid-500")
+    assert response.status_code == 500 and response["X-Request-ID"] == "rid-500"
+    text = log_stream.getvalue()
+    logged = [json.loads(line) for line in text.splitlines()]
+    failure = [x for x in logged if x.get("event") == "unhandled exception"]
+    assert failure and failure[0]["request_id"] == "rid-500"
+    assert "RuntimeError" in failure[0]["exception"] and "Traceback" in failure[0]["exception"]
+    assert any(x.get("status") == 500 and x.get("request_id") == "rid-500" for x in logged)
+    assert "hunter2-pw" not in text and "tok-secret-9" not in text

@@ -222,3 +222,13 @@ def test_server_add_against_a_nul_descriptor_is_one_line() -> None:
         message = str(refused.value)
         assert "\n" not in message and "U+0000" in message, message
         assert not ToolServer.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_row_stored_with_credentials_before_the_policy_is_shown_without_them() -> None:
+    from tests.ledger.factories import ToolServerFactory
+
+    ToolServerFactory(name="legacy", url="http://ops:hunter2-pw@tools.example/mcp?token=tok-old&v=1")
+    listing = principal(username="t", org="acme").get("/api/servers/legacy/")
+    assert listing.status_code == 200
+    assert listing.json()["url"] == "http://tools.example/mcp?v=1"

@@ -138,6 +138,12 @@ def server_renegotiate(*, server_id: int, stale_session_id: str) -> ToolServer:
                                    options=server.capabilities.get("adapter_options"),
                                    request_gate=server_request_gate(server=server),
                                    credentials=server.credentials)
+    for label, value in (("tool descriptors", [t.raw for t in tools]),
+                         ("capabilities", negotiated.capabilities)):
+        try:
+            json_input_check(value, field=label)
+        except JsonInputRefused as exc:
+            raise ServerAnswerRefused(f"the server's {exc}; session not renewed") from exc
     ToolServer.objects.filter(pk=server_id, session_id=stale_session_id).update(
         session_id=negotiated.session_id or "",
         capabilities=negotiated.capabilities,

@@ -235,6 +235,14 @@ def url_split_credentials(url: str) -> tuple[str, dict[str, dict[str, str]]]:
     return clean, credentials
 
 
+def url_without_credentials(url: str) -> str:
+    """`url` with userinfo and credential-like query parameters removed (for display)."""
+    try:
+        return url_split_credentials(url)[0]
+    except UrlRefused:
+        return "[unparseable url]"
+
+
 def url_display(url: str) -> str:
     """A URL safe to show or log: userinfo and credential-like query values masked."""
     try:
