@@ -207,3 +207,13 @@ def test_an_unhandled_error_is_logged_with_request_id_and_redacted_traceback(
     assert "RuntimeError" in failure[0]["exception"] and "Traceback" in failure[0]["exception"]
     assert any(x.get("status") == 500 and x.get("request_id") == "rid-500" for x in logged)
     assert "hunter2-pw" not in text and "tok-secret-9" not in text
+
+
+def test_the_depth_scan_is_linear_on_hostile_quoting() -> None:
+    """An unterminated string full of escaped quotes made a searching regex rescan from every
+    quote (quadratic: hours for a 2 MiB body). Correct answers, and no hang, on such input."""
+    assert json_depth('"' + '\\"' * 500_000) == 0
+    assert json_depth('"\\' * 500_000) == 0
+    assert json_depth("[" * 1_000_000) == MAX_JSON_DEPTH + 1  # stops at the first level past
+    assert json_depth('{"a": [1, "]]]", {"b": "\\\\"}]}') == 3
+    assert json_depth('[[["x\\"]"]]]') == 3
