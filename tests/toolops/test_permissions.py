@@ -200,3 +200,18 @@ def test_admin_answer_checks_the_service_permission_too() -> None:
         api.answer_input(operation_id=op.id, input_round=1, schema_digest="sha256:x",
                          response={"action": "decline"}, actor=actor_for_user(user=staff))
     assert ir.__class__.objects.get(pk=ir.pk).status == "open"
+
+
+def test_a_stored_result_is_defended_again_when_accepted_without_evidence() -> None:
+    """No evidence: the fetched result would be accepted; it must pass the pipeline as it stands."""
+    from ledger.digests import canonical_digest
+
+    item = _open_item()
+    stored = {"kind": "result", "payload": BAD_EVIDENCE, "is_error": False, "status_message": ""}
+    Operation.objects.filter(id=item.operation_id).update(
+        result=stored, result_kind="result", result_digest=canonical_digest(stored),
+        terminal_status="completed")
+    with pytest.raises(api.EvidenceRejected):
+        api.resolve_reconciliation_item(item_id=item.pk, action="accept_terminal",
+                                        terminal_status="completed", reason="the fetched one")
+    _unchanged(item)

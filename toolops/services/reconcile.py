@@ -198,6 +198,16 @@ def reconciliation_accept_terminal(
             raise ReconciliationRefused(
                 f"the fetched result is for {op.terminal_status!r}, not {terminal_status!r}"
             )
+        stored = {"kind": "attested", "payload": evidence,
+                  "is_error": terminal_status != TerminalStatus.COMPLETED,
+                  "status_message": reason, "attested_by": who["by"]}
+        # Before anything moves: what is accepted from here passes the pipeline, evidence as the
+        # fetched result it stands in for, a stored result again under the settings now in force.
+        if not keep_fetched:
+            _defend_evidence(op=op, stored=stored, terminal_status=terminal_status)
+        elif isinstance(op.result, dict):
+            _defend_evidence(op=op, stored=op.result, terminal_status=terminal_status,
+                             as_fetched=False)
         operation_transition(
             operation_id=op.id, from_state=State.RECONCILIATION_REQUIRED,
             to_state=State.TERMINAL_OBSERVED, execution_epoch=op.execution_epoch,
@@ -211,10 +221,6 @@ def reconciliation_accept_terminal(
         )
         if keep_fetched:
             return
-        stored = {"kind": "attested", "payload": evidence,
-                  "is_error": terminal_status != TerminalStatus.COMPLETED,
-                  "status_message": reason, "attested_by": who["by"]}
-        _defend_evidence(op=op, stored=stored, terminal_status=terminal_status)
         digest = canonical_digest(stored)
         operation_update_guarded(
             operation_id=op.id, state=State.FETCHING_RESULT, execution_epoch=op.execution_epoch,
@@ -237,13 +243,14 @@ def reconciliation_accept_terminal(
     return item
 
 
-def _defend_evidence(*, op: Operation, stored: dict[str, Any], terminal_status: str) -> None:
-    # Judged as the fetched result it stands in for: a completed attestation is held to the
-    # tool's outputSchema exactly as a `result` would be.
+def _defend_evidence(*, op: Operation, stored: dict[str, Any], terminal_status: str,
+                     as_fetched: bool = True) -> None:
+    # Attested evidence is judged as the fetched result it stands in for: a completed
+    # attestation is held to the tool's outputSchema exactly as a `result` would be.
     from toolops.services.output_defense import result_defend
 
-    as_fetched = {**stored, "kind": "result"}
-    verdict = result_defend(op=op, stored=as_fetched, terminal_status=terminal_status)
+    judged = {**stored, "kind": "result"} if as_fetched else stored
+    verdict = result_defend(op=op, stored=judged, terminal_status=terminal_status)
     if not verdict.ok:
         raise EvidenceRejected(verdict.reasons)
 
