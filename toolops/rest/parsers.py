@@ -27,6 +27,7 @@ from toolops.services.json_input import MAX_JSON_DEPTH, JsonInputRefused, json_i
 # never fails, so there is no backtracking and no rescan from each later quote (linear time).
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"?', re.DOTALL)
 _BRACKETS = re.compile(r"[\[\]{}]+")
+_NUL_OR_SURROGATE_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")
 
 
 class RequestTooLarge(APIException):
@@ -69,6 +70,11 @@ class BoundedJSONParser(JSONParser):
             data = json.loads(text, parse_constant=_refuse_constant)
         except (ValueError, RecursionError) as exc:
             raise ParseError(f"JSON parse error - {str(exc)[:200]}") from exc
+        # Strict UTF-8 already refused encoded surrogates, and strict json.loads raw control
+        # characters: NUL and lone surrogates can only come from \u escapes. Without one, and
+        # with the depth already scanned, there is nothing left to walk for.
+        if not _NUL_OR_SURROGATE_ESCAPE.search(text):
+            return data
         try:
             json_input_check(data, field="body")
         except JsonInputRefused as exc:

@@ -39,29 +39,44 @@ def _string_problem(value: str) -> str | None:
     return None
 
 
+def _scalar_problem(value: Any) -> str | None:
+    if isinstance(value, str):
+        return _string_problem(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN and Infinity are not JSON"
+    return None
+
+
 def json_input_check(value: Any, *, field: str, max_depth: int = MAX_JSON_DEPTH) -> None:
     """Raise JsonInputRefused for NUL, lone surrogates (keys and values), NaN/Infinity or nesting
-    deeper than `max_depth`, naming the path (`arguments.q[2]`)."""
+    deeper than `max_depth`, naming the path (`arguments.q[2]`). Only containers are pushed on
+    the walk's stack; scalars are checked in place and their path is built only for a refusal."""
+    problem = _scalar_problem(value)
+    if problem:
+        raise JsonInputRefused(path=field, problem=problem)
     stack: list[tuple[Any, str, int]] = [(value, field, 0)]
     while stack:
         item, path, depth = stack.pop()
         if depth > max_depth:
             raise JsonInputRefused(path=path, problem=f"nested deeper than {max_depth} levels")
-        if isinstance(item, str):
-            problem = _string_problem(item)
-            if problem:
-                raise JsonInputRefused(path=path, problem=problem)
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                raise JsonInputRefused(path=path, problem="NaN and Infinity are not JSON")
-        elif isinstance(item, dict):
+        if isinstance(item, dict):
             for key, child in item.items():
                 label = str(key) if isinstance(key, str) else repr(key)
                 key_problem = _string_problem(label)
                 if key_problem:
                     shown = label.encode("utf-8", "backslashreplace").decode()[:60]
                     raise JsonInputRefused(path=f"{path} key {shown!r}", problem=key_problem)
-                stack.append((child, f"{path}.{label[:60]}", depth + 1))
+                if isinstance(child, dict | list | tuple):
+                    stack.append((child, f"{path}.{label[:60]}", depth + 1))
+                else:
+                    problem = _scalar_problem(child)
+                    if problem:
+                        raise JsonInputRefused(path=f"{path}.{label[:60]}", problem=problem)
         elif isinstance(item, list | tuple):
             for i, child in enumerate(item):
-                stack.append((child, f"{path}[{i}]", depth + 1))
+                if isinstance(child, dict | list | tuple):
+                    stack.append((child, f"{path}[{i}]", depth + 1))
+                else:
+                    problem = _scalar_problem(child)
+                    if problem:
+                        raise JsonInputRefused(path=f"{path}[{i}]", problem=problem)
