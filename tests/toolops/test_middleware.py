@@ -217,3 +217,15 @@ def test_the_depth_scan_is_linear_on_hostile_quoting() -> None:
     assert json_depth("[" * 1_000_000) == MAX_JSON_DEPTH + 1  # stops at the first level past
     assert json_depth('{"a": [1, "]]]", {"b": "\\\\"}]}') == 3
     assert json_depth('[[["x\\"]"]]]') == 3
+
+
+def test_a_call_node_id_with_a_surrogate_is_one_cli_line() -> None:
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    ToolServerFactory(name="ref")
+    for node in ("n\ud800", "n\x00"):
+        with pytest.raises(CommandError) as refused:
+            call_command("toolops", "submit", "--server", "ref", "--tool", "render", "--call-node", node)
+        assert "submission.call_node_id" in str(refused.value)
+    assert not Operation.objects.exists()

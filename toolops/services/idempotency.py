@@ -67,7 +67,9 @@ def operation_submit_idempotent(
     """Submit, or replay the submission made under the same key. Returns (operation, created)."""
     # Checked up front: a replay would otherwise show a refused principal the existing operation.
     permission_require(actor=actor, action=Action.SUBMIT, tenant=tenant)
-    json_input_check(arguments, field="arguments")  # before canonicalisation digests it
+    # Before canonicalisation digests it: canonical JSON cannot encode a lone surrogate.
+    json_input_check({"server": server_name, "tool": tool_name, "call_node_id": call_node_id,
+                      "arguments": arguments}, field="submission")
     args = dict(arguments or {})
     digest = submission_digest_of(server_name=server_name, tool_name=tool_name,
                                   call_node_id=call_node_id, arguments=args, ttl_ms=ttl_ms)

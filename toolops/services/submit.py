@@ -225,7 +225,9 @@ def operation_submit(
     PermissionRefused when `actor` may not submit for `tenant` (toolops/services/permissions.py).
     """
     permission_require(actor=actor, action=Action.SUBMIT, tenant=tenant)
-    json_input_check(arguments, field="arguments")  # NUL, lone surrogates, depth: a 400, not a 500
+    # NUL, lone surrogates, depth: a refusal naming the field, never a database error.
+    json_input_check({"server": server_name, "tool": tool_name, "call_node_id": call_node_id,
+                      "arguments": arguments}, field="submission")
     try:
         server = ToolServer.objects.get(name=server_name)
     except ToolServer.DoesNotExist as exc:
