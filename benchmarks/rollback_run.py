@@ -38,6 +38,8 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="toolops-bench-")
     os.environ.setdefault("DATABASE_URL", f"sqlite:///{tmp}/bench.sqlite3")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    # The reference server listens on loopback, which the server URL policy refuses unless listed.
+    os.environ.setdefault("TOOLOPS_SERVER_HOSTS", "public,127.0.0.0/8,::1")
     import django
 
     django.setup()

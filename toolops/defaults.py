@@ -102,3 +102,17 @@ TOOLOPS_OUTBOX_BACKOFF_BASE_SECONDS = env_float("TOOLOPS_OUTBOX_BACKOFF_BASE_SEC
 TOOLOPS_OUTBOX_BACKOFF_MAX_SECONDS = env_float("TOOLOPS_OUTBOX_BACKOFF_MAX_SECONDS", 300.0)
 # Task name the Celery outbox handler enqueues (toolops.services.outbox.outbox_celery_handler).
 TOOLOPS_OUTBOX_CELERY_TASK = env_str("TOOLOPS_OUTBOX_CELERY_TASK", "toolops.outbox_event")
+
+# --- Server URL policy (toolops/services/url_policy.py) ---
+# Comma-separated allow-list of what tool server URLs may resolve to: "public" (any globally
+# routable address), addresses/CIDRs ("10.0.0.0/8", "127.0.0.0/8", "::1") and host names
+# ("tools.internal", "*.corp.example"). Link-local, metadata and unspecified addresses are refused
+# whatever it says; loopback and private networks only when listed.
+TOOLOPS_SERVER_HOSTS = env_str("TOOLOPS_SERVER_HOSTS", "public")
+
+# --- /metrics (toolops/metrics_view.py, toolops/metrics.py) ---
+# Bearer token a scraper must send; empty (the default) disables the endpoint (404).
+TOOLOPS_METRICS_TOKEN = env_str("TOOLOPS_METRICS_TOKEN", "")
+# Which server names may appear as labels: "shared" (servers shared by every tenant; each
+# organisation's own are folded into "tenant"), "all", or "none".
+TOOLOPS_METRICS_SERVER_LABELS = env_str("TOOLOPS_METRICS_SERVER_LABELS", "shared")

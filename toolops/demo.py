@@ -12,7 +12,9 @@ import json
 import time
 from typing import Any, Protocol
 
+from django.conf import settings
 from django.db import connection
+from django.test import override_settings
 
 from ledger.selectors import operation_snapshot
 from ledger.states import State
@@ -96,6 +98,15 @@ def _legend(out: _Writer) -> None:
     out.write("\n")
 
 
+def _allow_own_server(url: str) -> Any:
+    """The reference server listens on loopback, which the server URL policy refuses unless
+    TOOLOPS_SERVER_HOSTS lists it: the demo adds exactly its own server's address, for its run."""
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    return override_settings(TOOLOPS_SERVER_HOSTS=f"{settings.TOOLOPS_SERVER_HOSTS},{host}")
+
+
 def run_demo(*, out: _Writer) -> int:
     try:
         import mcp  # noqa: F401  (the reference server's SDK: the optional extra)
@@ -108,7 +119,7 @@ def run_demo(*, out: _Writer) -> int:
     started = time.monotonic()
     suffix = str(int(time.time() * 1000))
     _legend(out)
-    with running_reference_server() as url:
+    with running_reference_server() as url, _allow_own_server(url):
         out.write(f"reference MCP server (mcp SDK, tasks 2025-11-25) at {url}\n")
         out.write(f"database: {connection.vendor} ({connection.settings_dict['NAME']})\n\n")
         server = server_add(name=f"demo-{suffix}", url=url, sync_bounds={"quick_sync": 5.0})

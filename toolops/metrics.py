@@ -12,6 +12,11 @@ Two sources, chosen per metric for exactness:
   events with no ledger trace of their own (QPS tokens denied, API submissions, outbox deliveries,
   output rejections). Every process writes its own mmap file in that directory and the scrape sums
   them. Without the directory (a single process) the default registry is used.
+
+Server names are labels only where the scraper may see them (TOOLOPS_METRICS_SERVER_LABELS):
+"shared" (default) names servers shared by every tenant and folds each organisation's own
+servers into `server="tenant"`; "all" names every server; "none" folds every server into
+`server="all"`. The endpoint itself needs a bearer token (toolops/metrics_view.py).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Count, F, Min, Q
 from django.utils import timezone
 from prometheus_client import (
@@ -32,11 +38,19 @@ from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
+    Metric,
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from ledger.models import Operation, OperationEvent, OutboxEvent, ReconciliationItem, TerminalReceipt
+from ledger.models import (
+    Operation,
+    OperationEvent,
+    OutboxEvent,
+    ReconciliationItem,
+    TerminalReceipt,
+    ToolServer,
+)
 from ledger.states import State
 
 # Latency buckets (seconds) from a quick sync call to a long-running task's multi-hour budget.
@@ -170,16 +184,58 @@ class LedgerCollector(Collector):
                                 value=agg["traceable"] / agg["total"] if agg["total"] else 1.0)
 
 
+SERVER_LABEL_MODES = frozenset({"shared", "all", "none"})
+
+
+def server_label_map() -> dict[str, str]:
+    """Server name -> the label value a scrape may show for it (see the module doc)."""
+    mode = str(settings.TOOLOPS_METRICS_SERVER_LABELS)
+    if mode not in SERVER_LABEL_MODES:
+        raise RuntimeError(f"TOOLOPS_METRICS_SERVER_LABELS must be one of {sorted(SERVER_LABEL_MODES)}")
+    rows = ToolServer.objects.values_list("name", "tenant")
+    if mode == "all":
+        return {name: name for name, _ in rows}
+    if mode == "none":
+        return {name: "all" for name, _ in rows}
+    return {name: (name if not tenant else "tenant") for name, tenant in rows}
+
+
+class _ServerRelabel(Collector):
+    """Rewrites every `server` label through `server_label_map`, summing samples that then meet."""
+
+    def __init__(self, inner: Collector) -> None:
+        self._inner = inner
+
+    def collect(self) -> Iterator[Any]:
+        labels = server_label_map()
+        for family in self._inner.collect():
+            if not any("server" in s.labels for s in family.samples):
+                yield family
+                continue
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            sums: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+            for s in family.samples:
+                relabelled = dict(s.labels)
+                if "server" in relabelled:
+                    # An unknown name (a deleted server) is never shown as itself either.
+                    relabelled["server"] = labels.get(relabelled["server"], "unknown")
+                key = (s.name, tuple(sorted(relabelled.items())))
+                sums[key] = sums.get(key, 0.0) + s.value
+            for (name, pairs), value in sums.items():
+                out.add_sample(name, dict(pairs), value)
+            yield out
+
+
 def metrics_registry() -> CollectorRegistry:
     """A registry for one scrape: multiprocess counters (or this process's) plus the ledger."""
     registry = CollectorRegistry(auto_describe=False)
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        MultiProcessCollector(registry)
+        registry.register(_ServerRelabel(MultiProcessCollector(None)))
     else:
         # Single process: this process's counters (not the default process/platform collectors).
         for counter in (QPS_TOKENS_DENIED, API_SUBMISSIONS, OUTBOX_DELIVERIES, OUTPUT_REJECTED):
-            registry.register(_Forward(counter))
-    registry.register(LedgerCollector())
+            registry.register(_ServerRelabel(_Forward(counter)))
+    registry.register(_ServerRelabel(LedgerCollector()))
     return registry
 
 

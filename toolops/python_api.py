@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ledger.models import InputRequest, Operation, TerminalReceipt
+from ledger.models import InputRequest, Operation, ReconciliationItem, TerminalReceipt
 from toolops.errors import ToolopsError
 from toolops.services.cancel import CancelRefused, operation_cancel
 from toolops.services.idempotency import (
@@ -41,23 +41,45 @@ from toolops.services.idempotency import (
 )
 from toolops.services.inputs import InputAnswerRefused, operation_answer_input
 from toolops.services.outbox import RelayStats, outbox_relay
+from toolops.services.permissions import (
+    SYSTEM,
+    Actor,
+    PermissionRefused,
+    actor_for_user,
+    actor_system,
+)
+from toolops.services.reconcile import (
+    AlreadyResolved,
+    EvidenceRejected,
+    ReconciliationRefused,
+    reconciliation_resolve,
+)
 
 __all__ = [
+    "SYSTEM",
+    "Actor",
+    "AlreadyResolved",
     "CancelRefused",
+    "EvidenceRejected",
     "IdempotencyInProgress",
     "IdempotencyMismatch",
     "InputAnswerRefused",
     "InputRequestView",
     "OperationNotVisible",
     "OperationView",
+    "PermissionRefused",
     "ReceiptView",
+    "ReconciliationRefused",
     "RelayStats",
     "ToolopsError",
+    "actor_for_user",
+    "actor_system",
     "answer_input",
     "cancel_operation",
     "consume_outbox",
     "get_operation",
     "list_open_input_requests",
+    "resolve_reconciliation_item",
     "submit_call",
 ]
 
@@ -135,11 +157,16 @@ def _visible(*, operation_id: uuid.UUID, tenant: str | None) -> Operation:
 def submit_call(
     *, server: str, tool: str, call_node_id: str, arguments: dict[str, Any] | None = None,
     ttl_ms: int | None = None, idempotency_key: str | None = None, tenant: str = "",
+    actor: Actor = SYSTEM,
 ) -> OperationView:
-    """Submit one call for a call node. With `idempotency_key`, a retry returns the same operation."""
+    """Submit one call for a call node. With `idempotency_key`, a retry returns the same operation.
+
+    `actor`: who acts (default: the host process, `SYSTEM`); pass `actor_for_user(user=...)` when
+    acting for a user, whose permission or organisation role is then checked.
+    """
     op, _created = operation_submit_idempotent(
         tenant=tenant, idempotency_key=idempotency_key, server_name=server, tool_name=tool,
-        call_node_id=call_node_id, arguments=arguments, ttl_ms=ttl_ms,
+        call_node_id=call_node_id, arguments=arguments, ttl_ms=ttl_ms, actor=actor,
     )
     return _operation_view(Operation.objects.select_related("server").get(id=op.id))
 
@@ -149,23 +176,41 @@ def get_operation(*, operation_id: uuid.UUID, tenant: str | None = None) -> Oper
     return _operation_view(_visible(operation_id=operation_id, tenant=tenant))
 
 
-def cancel_operation(*, operation_id: uuid.UUID, tenant: str | None = None) -> OperationView:
+def cancel_operation(*, operation_id: uuid.UUID, tenant: str | None = None,
+                     actor: Actor = SYSTEM) -> OperationView:
     """Request cancellation; the cancel is final only once its receipt is accepted."""
     _visible(operation_id=operation_id, tenant=tenant)
-    operation_cancel(operation_id=operation_id)
+    operation_cancel(operation_id=operation_id, actor=actor)
     return get_operation(operation_id=operation_id, tenant=tenant)
 
 
 def answer_input(
     *, operation_id: uuid.UUID, input_round: int, schema_digest: str, response: dict[str, Any],
-    tenant: str | None = None,
+    tenant: str | None = None, actor: Actor = SYSTEM,
 ) -> OperationView:
     """Answer input round `input_round`; the schema digest must match the one the round was opened with."""
     _visible(operation_id=operation_id, tenant=tenant)
     operation_answer_input(
         operation_id=operation_id, input_round=input_round, schema_digest=schema_digest,
-        response=response,
+        response=response, actor=actor,
     )
+    return get_operation(operation_id=operation_id, tenant=tenant)
+
+
+def resolve_reconciliation_item(
+    *, item_id: int, action: str, reason: str, actor: Actor = SYSTEM, tenant: str | None = None,
+    remote_id: str = "", terminal_status: str = "", evidence: dict[str, Any] | None = None,
+) -> OperationView:
+    """Resolve one reconciliation item (attach_remote_id, never_created, accept_terminal,
+    abandoned). `accept_terminal` evidence passes the output defense or raises EvidenceRejected."""
+    qs = ReconciliationItem.objects.filter(id=item_id)
+    if tenant is not None:
+        qs = qs.filter(operation__tenant=tenant)
+    operation_id = qs.values_list("operation_id", flat=True).first()
+    if operation_id is None:
+        raise ReconciliationRefused(f"no reconciliation item {item_id}")
+    reconciliation_resolve(item_id=item_id, action=action, actor=actor, reason=reason,
+                           remote_id=remote_id, terminal_status=terminal_status, evidence=evidence)
     return get_operation(operation_id=operation_id, tenant=tenant)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from config.env import env_str
+from config.env import env_int, env_str
 
 # Appended to INSTALLED_APPS by config/settings/__init__.py (names here must not collide with base:
 # the star imports there are sorted, so a collision would be order-dependent).
@@ -25,7 +25,18 @@ REST_FRAMEWORK = {
     # Bounded pages: a list never loads a whole tenant's ledger into one response.
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "toolops.rest.errors.api_exception_handler",
+    # JSON only, bounded in size and depth, NUL and lone surrogates refused by field.
+    "DEFAULT_PARSER_CLASSES": ["toolops.rest.parsers.BoundedJSONParser"],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
+
+# --- Request limits and ids (toolops/middleware.py) ---
+# Largest request body accepted; a larger declared Content-Length is a 413 before anything is read.
+TOOLOPS_MAX_REQUEST_BYTES = env_int("TOOLOPS_MAX_REQUEST_BYTES", 2 * 1024 * 1024)
+# Django's own cap on bodies it reads (forms, admin) follows the same limit.
+DATA_UPLOAD_MAX_MEMORY_SIZE = TOOLOPS_MAX_REQUEST_BYTES
+# Placed first by config/settings/__init__.py: the request id covers every other middleware.
+API_MIDDLEWARE = ["toolops.middleware.RequestLimitsMiddleware"]
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "toolops API",
@@ -44,6 +55,9 @@ SPECTACULAR_SETTINGS = {
         "code": {"fontFamily": "ui-monospace, 'DejaVu Sans Mono', monospace"},
     }}},
     "COMPONENT_SPLIT_REQUEST": True,
+    # Default hooks, then the links between operations (toolops/rest/schema_links.py).
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "toolops.rest.schema_links.schema_add_links"],
 }
 
 # --- Structured JSON logs (toolops/logging.py): operation identity on every line, redacted ---

@@ -28,3 +28,6 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # tests that poll right after a submit then exercise their own guard, not QPS pacing. Tests of
 # the pacing itself use caps far below this (e.g. 0.5 QPS), so they are still refused.
 TOOLOPS_QPS_INLINE_WAIT_SECONDS = 0.15
+# The reference servers of the tests listen on loopback: allowed here explicitly (the default
+# allow-list, "public", refuses loopback and private networks).
+TOOLOPS_SERVER_HOSTS = "public,127.0.0.0/8,::1,localhost"

@@ -79,6 +79,7 @@ class Operation(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        permissions = [("cancel_operation", "Can cancel operations")]
         indexes = [
             # The dispatcher's claim query: due rows in pollable states.
             models.Index(fields=["next_poll_at"], name="op_next_poll_idx",

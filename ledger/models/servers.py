@@ -31,6 +31,10 @@ class ToolServer(models.Model):
     # Owning organisation slug; blank = shared by every tenant.
     tenant = models.CharField(max_length=100, blank=True, default="", db_index=True)
     negotiated_at = models.DateTimeField(null=True, blank=True)
+    # Credentials kept apart from `url` (which never carries any): {"headers": {name: value},
+    # "query": {name: value}}, added to each request at send time. Not editable, so no admin form
+    # or ModelSerializer shows it; nothing reads it but the connection layer.
+    credentials = models.JSONField(default=dict, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

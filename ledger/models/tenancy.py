@@ -23,11 +23,22 @@ class Organisation(models.Model):
 
 
 class Membership(models.Model):
-    """A principal belongs to exactly one organisation (the DB constraint is the OneToOne)."""
+    """A principal belongs to exactly one organisation (the DB constraint is the OneToOne).
+
+    The role says what the principal may do to its organisation's rows (toolops/services/
+    permissions.py has the table); a Django permission grants the same action across every
+    organisation, for operators.
+    """
+
+    class Role(models.TextChoices):
+        VIEWER = "viewer"  # reads only
+        MEMBER = "member"  # submits, cancels and answers input rounds
+        OPERATOR = "operator"  # and resolves reconciliation items
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
                                 related_name="toolops_membership")
     organisation = models.ForeignKey(Organisation, on_delete=models.CASCADE, related_name="members")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

@@ -31,7 +31,9 @@ def server(mcp_url: str, server_options: dict[str, Any]) -> ToolServer:
 @pytest.fixture
 def cli(tmp_path: Path):  # type: ignore[no-untyped-def]
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings",
-           "DATABASE_URL": f"sqlite:///{tmp_path / 'cli.sqlite3'}"}
+           "DATABASE_URL": f"sqlite:///{tmp_path / 'cli.sqlite3'}",
+           # The reference servers listen on loopback, which the default URL policy refuses.
+           "TOOLOPS_SERVER_HOSTS": "public,127.0.0.0/8,::1,localhost"}
     env.pop("CELERY_BROKER_URL", None)
 
     def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

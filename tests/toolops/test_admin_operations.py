@@ -95,7 +95,7 @@ def waiting(mcp_url: str) -> Operation:
 
 
 def test_cancel_asks_for_confirmation_then_cancels_and_writes_history(waiting: Operation) -> None:
-    client, user = _client("view_operation", "change_operation")
+    client, user = _client("view_operation", "cancel_operation")
     assert "Cancel operation" in client.get(_page(waiting)).content.decode()
     url = reverse("admin:ledger_operation_cancel", args=[waiting.pk])
     confirm = client.get(url)
@@ -110,7 +110,7 @@ def test_cancel_asks_for_confirmation_then_cancels_and_writes_history(waiting: O
 
 
 def test_a_refused_cancel_stays_on_the_page_with_the_reason() -> None:
-    client, _ = _client("view_operation", "change_operation")
+    client, _ = _client("view_operation", "cancel_operation")
     op = OperationFactory(state=State.ACCEPTED)
     page = client.post(reverse("admin:ledger_operation_cancel", args=[op.pk]), {"confirm": "1"})
     assert page.status_code == 200

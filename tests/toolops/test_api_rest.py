@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from rest_framework.test import APIClient
 
-from ledger.models import InputRequest, Operation, ReconciliationItem, ToolServer
+from ledger.models import InputRequest, Membership, Operation, ReconciliationItem, ToolServer
 from ledger.states import State
 from tests.ledger.factories import OperationFactory
 from tests.peers.launch import peer_stats
@@ -254,6 +254,10 @@ def test_reconciliation_resolved_once_through_the_api(server: ToolServer, alice:
     url = f"/api/reconciliation/{item.pk}/resolve/"
     body = {"resolution": "abandoned", "reason": "task id never existed on the server"}
     assert bob.post(url, body, format="json").status_code == 404
+    # A member may not settle the queue; an operator of the same organisation may.
+    refused = alice.post(url, body, format="json")
+    assert refused.status_code == 403 and refused.json()["error"] == "PermissionRefused"
+    Membership.objects.filter(user__username="alice").update(role=Membership.Role.OPERATOR)
     done = alice.post(url, body, format="json")
     assert done.status_code == 200, done.content
     assert done.json()["status"] == "resolved"

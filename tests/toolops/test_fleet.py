@@ -42,6 +42,8 @@ def _fleet_env(tmp: Path) -> dict[str, str]:
         "TOOLOPS_LEASE_SECONDS": "3",
         "TOOLOPS_POLL_FLOOR_SECONDS": "0.1",
         "PYTHONUNBUFFERED": "1",
+        # The reference server listens on loopback, which the default URL policy refuses.
+        "TOOLOPS_SERVER_HOSTS": "public,127.0.0.0/8,::1",
     }
 
 

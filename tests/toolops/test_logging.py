@@ -81,3 +81,70 @@ def test_a_real_rejection_logs_its_operation_and_no_result(stream: io.StringIO, 
     assert rejected[0]["operation_id"] == str(op.id) and rejected[0]["call_node_id"] == "n-log"
     assert rejected[0]["server"] == "ref" and rejected[0]["adapter_version"] == op.adapter_version
     assert "secret-value-xyz" not in text
+
+
+@pytest.mark.parametrize("key", ["X-Api-Key", "x_api_key", "auth", "AUTH", "pwd", "passwd", "Passwd",
+                                 "private_key", "Private-Key", "access_key", "AWS_ACCESS_KEY",
+                                 "client_secret", "refresh-token", "Cookie", "set_cookie", "session",
+                                 "Session-Id", "sessionid"])
+def test_secret_keys_redacted_whatever_their_case_and_separators(stream: io.StringIO, key: str) -> None:
+    get_logger("toolops.test").warning("k", **{key: "hunter2-value", "nested": {key: "hunter2-value"}})
+    assert "hunter2-value" not in stream.getvalue()
+
+
+def test_credentials_in_urls_and_messages_are_redacted(stream: io.StringIO) -> None:
+    log = get_logger("toolops.test")
+    log.warning("contacting http://ops:hunter2-pw@tools.example/mcp?v=1&token=tok-secret-1",
+                url="https://u:hunter2-pw@h.example/x?api_key=tok-secret-2&access_token=tok-secret-3",
+                header="Bearer tok-secret-4abcdef")
+    logging.getLogger("django.request").error("failed for %s", "http://a:hunter2-pw@h/?sig=tok-secret-5")
+    text = stream.getvalue()
+    for secret in ("hunter2-pw", "tok-secret-1", "tok-secret-2", "tok-secret-3", "tok-secret-4",
+                   "tok-secret-5"):
+        assert secret not in text, secret
+    assert "tools.example/mcp?v=1" in text  # the rest of the URL is kept
+
+
+def test_exception_messages_and_tracebacks_are_redacted(stream: io.StringIO) -> None:
+    try:
+        raise RuntimeError("connect to http://ops:hunter2-pw@h.example/?token=tok-secret-6 failed")
+    except RuntimeError:
+        get_logger("toolops.test").exception("boom")
+        logging.getLogger("ledger.test").exception("boom too")
+    text = stream.getvalue()
+    assert "Traceback" in text and "RuntimeError" in text
+    assert "hunter2-pw" not in text and "tok-secret-6" not in text
+
+
+@pytest.mark.django_db
+def test_a_postgresql_error_traceback_carries_no_row_values(stream: io.StringIO) -> None:
+    """A real DataError: PostgreSQL quotes the offending JSON (the row's values) in CONTEXT."""
+    from django.db import DataError, transaction
+
+    from tests.ledger.factories import OperationFactory
+
+    op = OperationFactory()
+    try:
+        with transaction.atomic():
+            from ledger.models import Operation
+            Operation.objects.filter(id=op.id).update(
+                body={"arguments": {"card": "4111-secret-row-value", "x": "\x00"}})
+    except DataError:
+        get_logger("toolops.test").exception("write failed")
+        logging.getLogger("django.request").exception("write failed")
+    else:
+        pytest.fail("PostgreSQL accepted U+0000 in jsonb")
+    text = stream.getvalue()
+    assert "DataError" in text or "UntranslatableCharacter" in text
+    assert "4111-secret-row-value" not in text
+
+
+def test_uncaught_tracebacks_on_stderr_are_redacted(capsys: pytest.CaptureFixture[str]) -> None:
+    from toolops.logging import redacted_excepthook
+
+    try:
+        raise ValueError("password=hunter2-pw at http://u:p@h/?token=tok-secret-7")
+    except ValueError as exc:
+        redacted_excepthook(type(exc), exc, exc.__traceback__)
+    err = capsys.readouterr().err
+    assert "ValueError" in err and "hunter2-pw" not in err and "tok-secret-7" not in err

@@ -29,6 +29,8 @@ from toolops.services.servers import server_add
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 60.0
+SCRAPE_TOKEN = "scrape-token-for-tests"
+SCRAPE = {"Authorization": f"Bearer {SCRAPE_TOKEN}"}
 
 
 def _free_port() -> int:
@@ -44,7 +46,8 @@ def web_processes() -> Iterator[list[str]]:
     db_url = f"postgres://{s['USER']}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
     with tempfile.TemporaryDirectory() as metrics_dir:
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test",
-               "TOOLOPS_TEST_DATABASE_URL": db_url, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+               "TOOLOPS_TEST_DATABASE_URL": db_url, "PROMETHEUS_MULTIPROC_DIR": metrics_dir,
+               "TOOLOPS_METRICS_TOKEN": SCRAPE_TOKEN}
         procs, urls = [], []
         try:
             for _ in range(2):
@@ -59,7 +62,7 @@ def web_processes() -> Iterator[list[str]]:
             for url in urls:
                 while True:
                     try:
-                        if httpx.get(f"{url}/metrics", timeout=5).status_code == 200:
+                        if httpx.get(f"{url}/metrics", headers=SCRAPE, timeout=5).status_code == 200:
                             break
                     except httpx.TransportError:
                         pass
@@ -73,7 +76,7 @@ def web_processes() -> Iterator[list[str]]:
 
 
 def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+    text = httpx.get(f"{url}/metrics", headers=SCRAPE, timeout=10).text
     out = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -98,6 +101,9 @@ def test_metrics_from_live_processes_during_an_end_to_end_run(mcp_url: str, web_
         r = httpx.post(f"{url}/api/operations/", json=body, headers=auth, timeout=30)
         assert r.status_code == 201, r.text
 
+    # Closed without the token, whatever else is sent.
+    assert httpx.get(f"{web_b}/metrics", timeout=10).status_code == 401
+    assert httpx.get(f"{web_b}/metrics", headers=auth, timeout=10).status_code == 401
     during = _scrape(web_b)
     assert _value(during, "toolops_operations", state="WORKING") == 3
     # Counted in two processes, summed by the multiprocess collector of either.
@@ -163,3 +169,58 @@ def test_reconciliation_and_cancel_figures_come_from_the_ledger() -> None:
     assert registry.get_sample_value("toolops_poll_requests_total",
                                      {"server": op.server.name, "outcome": "error"}) == 1
     assert registry.get_sample_value("toolops_cancel_confirmation_latency_seconds_count") == 0
+
+
+@pytest.mark.django_db
+def test_metrics_closed_by_default_and_token_compared() -> None:
+    from django.test import Client, override_settings
+
+    client = Client()
+    with override_settings(TOOLOPS_METRICS_TOKEN=""):
+        assert client.get("/metrics").status_code == 404
+        assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer ").status_code == 404
+    with override_settings(TOOLOPS_METRICS_TOKEN=SCRAPE_TOKEN):
+        for header in ("", "Bearer wrong", f"Token {SCRAPE_TOKEN}", f"Bearer {SCRAPE_TOKEN}x",
+                       SCRAPE_TOKEN):
+            refused = client.get("/metrics", HTTP_AUTHORIZATION=header)
+            assert refused.status_code == 401 and refused["WWW-Authenticate"].startswith("Bearer")
+            assert b"toolops_" not in refused.content
+        ok = client.get("/metrics", HTTP_AUTHORIZATION=f"bearer {SCRAPE_TOKEN}")
+        assert ok.status_code == 200 and b"toolops_operations" in ok.content
+
+
+@pytest.mark.django_db
+def test_tenant_server_names_are_labels_only_where_allowed() -> None:
+    from django.test import override_settings
+
+    from ledger.services.events import operation_record_event
+    from tests.ledger.factories import OperationFactory, ToolServerFactory
+    from toolops.metrics import metrics_registry, output_rejected_inc
+
+    shared = ToolServerFactory(name="shared-search", tenant="")
+    private = [ToolServerFactory(name=f"acme-secret-{i}", tenant="acme") for i in range(2)]
+    for server in (shared, *private):
+        operation_record_event(operation_id=OperationFactory(server=server).id, kind="poll_error",
+                               data={})
+    output_rejected_inc(server="acme-secret-0", policy="reconcile")
+
+    def text() -> str:
+        from prometheus_client import generate_latest
+        return generate_latest(metrics_registry()).decode()
+
+    with override_settings(TOOLOPS_METRICS_SERVER_LABELS="shared"):
+        body = text()
+        assert "acme-secret" not in body
+        registry = metrics_registry()
+        assert registry.get_sample_value("toolops_poll_requests_total",
+                                         {"server": "shared-search", "outcome": "error"}) == 1
+        # Both private servers' polls, folded into one series.
+        assert registry.get_sample_value("toolops_poll_requests_total",
+                                         {"server": "tenant", "outcome": "error"}) == 2
+        assert (registry.get_sample_value("toolops_output_rejected_total",
+                                          {"server": "tenant", "policy": "reconcile"}) or 0) >= 1
+    with override_settings(TOOLOPS_METRICS_SERVER_LABELS="none"):
+        body = text()
+        assert "shared-search" not in body and "acme-secret" not in body
+    with override_settings(TOOLOPS_METRICS_SERVER_LABELS="all"):
+        assert "acme-secret-1" in text()

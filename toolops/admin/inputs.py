@@ -28,6 +28,7 @@ from ledger.models import EffectReconciliation, InputRequest
 from toolops.admin.forms import form_json_object
 from toolops.admin.operations import age, duration, pretty_json
 from toolops.services.inputs import ELICITATION_ACTIONS, InputAnswerRefused, operation_answer_input
+from toolops.services.permissions import PermissionRefused, actor_for_user
 
 ANSWER_PERMISSION = "ledger.change_inputrequest"
 # Answers that end the elicitation without content: asked twice, because they cannot be taken back.
@@ -196,9 +197,9 @@ class InputRequestAdmin(_ReadOnly):
                 operation_answer_input(
                     operation_id=ir.operation_id, input_round=data["input_round"],
                     schema_digest=data["schema_digest"], response=response,
-                    answered_by_id=request.user.pk,
+                    answered_by_id=request.user.pk, actor=actor_for_user(user=request.user),
                 )
-            except InputAnswerRefused as exc:
+            except (InputAnswerRefused, PermissionRefused) as exc:
                 form.add_error(None, str(exc))
             else:
                 note = f"answered round {ir.round}: {data['action']}"

@@ -2,7 +2,7 @@
 
 The row is read-only; the one action, cancel, asks for confirmation on its own page and calls
 `operation_cancel`, which locks, checks and records. A refusal is shown on that page with its
-reason. Cancelling needs `ledger.change_operation`; viewing needs the view permission.
+reason. Cancelling needs `ledger.cancel_operation`; viewing needs the view permission.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from ledger.states import State
 from toolops.admin.timeline import timeline_page
 from toolops.errors import ToolopsError
 from toolops.services.cancel import operation_cancel
+from toolops.services.permissions import actor_for_user
 
-CANCEL_PERMISSION = "ledger.change_operation"
+CANCEL_PERMISSION = "ledger.cancel_operation"
 CANCELLABLE = frozenset({State.WORKING, State.INPUT_REQUIRED})
 
 
@@ -175,7 +176,7 @@ class OperationAdmin(ReadOnlyAdmin):
         error = ""
         if request.method == "POST":
             try:
-                outcome = operation_cancel(operation_id=op.id)
+                outcome = operation_cancel(operation_id=op.id, actor=actor_for_user(user=request.user))
             except ToolopsError as exc:
                 error = str(exc)
             else:

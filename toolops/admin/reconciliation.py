@@ -29,6 +29,7 @@ from ledger.models import ReconciliationItem
 from ledger.states import TerminalStatus
 from toolops.admin.forms import form_json_object
 from toolops.admin.operations import age, duration, pretty_json
+from toolops.services.permissions import PermissionRefused, actor_for_user
 from toolops.services.reconcile import (
     ReconciliationRefused,
     reconciliation_abandon,
@@ -83,7 +84,7 @@ class Resolution:
     title: str
     explanation: str
     form_class: type[forms.Form]
-    service: Callable[[int, dict[str, Any], str], object]
+    service: Callable[[int, dict[str, Any], Any], object]
 
 
 RESOLUTIONS: dict[str, Resolution] = {
@@ -213,12 +214,12 @@ class ReconciliationItemAdmin(admin.ModelAdmin):
         form = spec.form_class(request.POST if "apply" in request.POST else None)
         errors: list[str] = []
         if "apply" in request.POST and form.is_valid():
-            actor = request.user.get_username()
+            actor = actor_for_user(user=request.user)  # the services check its permission again
             refused: list[ReconciliationItem] = []
             for item in items:
                 try:
                     spec.service(item.pk, form.cleaned_data, actor)
-                except ReconciliationRefused as exc:
+                except (ReconciliationRefused, PermissionRefused) as exc:
                     refused.append(item)
                     errors.append(f"item {item.pk}: {exc}")
                 else:

@@ -14,11 +14,14 @@ from toolops.python_api import OperationNotVisible
 from toolops.services.cancel import CancelRefused
 from toolops.services.idempotency import IdempotencyInProgress, IdempotencyMismatch
 from toolops.services.inputs import InputAnswerRefused
-from toolops.services.reconcile import AlreadyResolved
+from toolops.services.permissions import PermissionRefused
+from toolops.services.reconcile import AlreadyResolved, EvidenceRejected
 
 # Most specific first: the first isinstance match decides.
 STATUS_BY_ERROR: tuple[tuple[type[Exception], int], ...] = (
     (OperationNotVisible, status.HTTP_404_NOT_FOUND),
+    (PermissionRefused, status.HTTP_403_FORBIDDEN),
+    (EvidenceRejected, status.HTTP_422_UNPROCESSABLE_ENTITY),
     (IdempotencyMismatch, status.HTTP_422_UNPROCESSABLE_ENTITY),
     (IdempotencyInProgress, status.HTTP_409_CONFLICT),
     (SubmissionKeyTaken, status.HTTP_409_CONFLICT),
@@ -36,5 +39,8 @@ STATUS_BY_ERROR: tuple[tuple[type[Exception], int], ...] = (
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     for cls, code in STATUS_BY_ERROR:
         if isinstance(exc, cls):
-            return Response({"detail": str(exc), "error": type(exc).__name__}, status=code)
+            body: dict[str, Any] = {"detail": str(exc), "error": type(exc).__name__}
+            if isinstance(exc, EvidenceRejected):
+                body["reasons"] = exc.reasons
+            return Response(body, status=code)
     return exception_handler(exc, context)

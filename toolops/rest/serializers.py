@@ -18,6 +18,7 @@ from ledger.models import (
     ToolServer,
 )
 from ledger.states import State, TerminalStatus
+from toolops.services.url_policy import url_without_credentials
 
 # Arguments larger than this are refused before anything is written (a tool call, not an upload).
 MAX_ARGUMENTS_BYTES = 256 * 1024
@@ -171,6 +172,13 @@ class ResolveSerializer(serializers.Serializer):
 
 
 class ServerSerializer(serializers.ModelSerializer):
+    # Registration strips credentials from URLs; a row stored before that is shown without them.
+    url = serializers.SerializerMethodField()
+
+    @extend_schema_field(serializers.CharField())
+    def get_url(self, server: ToolServer) -> str:
+        return url_without_credentials(server.url)
+
     class Meta:
         model = ToolServer
         fields = ["name", "url", "adapter_version", "status", "protocol_version", "tools",

@@ -20,7 +20,7 @@ from toolops.logging import get_logger, operation_log_context_for
 from toolops.metrics import api_submission_inc
 from toolops.rest import serializers as s
 from toolops.rest.tenancy import request_tenant
-from toolops.services.reconcile import reconciliation_resolve
+from toolops.services.permissions import actor_for_user
 
 logger = get_logger("toolops.api")
 
@@ -60,8 +60,8 @@ class OperationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
 
     @extend_schema(
         request=s.SubmitSerializer, parameters=[IDEMPOTENCY_HEADER],
-        responses={201: s.OperationSerializer, 200: s.OperationSerializer, 400: ERROR, 409: ERROR,
-                   422: ERROR},
+        responses={201: s.OperationSerializer, 200: s.OperationSerializer, 400: ERROR, 403: ERROR,
+                   409: ERROR, 422: ERROR},
     )
     def create(self, request: Request) -> Response:
         """Submit a call (the row is committed before anything is sent)."""
@@ -70,7 +70,8 @@ class OperationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
         data = body.validated_data
         key = request.headers.get("Idempotency-Key")
         try:
-            view, created = _submit(tenant=request_tenant(request), key=key, data=data)
+            view, created = _submit(tenant=request_tenant(request), key=key, data=data,
+                                    actor=actor_for_user(user=request.user))
         except Exception as exc:
             api_submission_inc(outcome=type(exc).__name__)
             raise
@@ -82,24 +83,27 @@ class OperationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
                         status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @extend_schema(request=s.CancelSerializer,
-                   responses={202: s.OperationSerializer, 404: ERROR, 409: ERROR})
+                   responses={202: s.OperationSerializer, 403: ERROR, 404: ERROR, 409: ERROR})
     @action(detail=True, methods=["post"], url_path="cancel")
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         body = s.CancelSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         op = self.get_object()
-        api.cancel_operation(operation_id=op.id, tenant=request_tenant(request))
+        api.cancel_operation(operation_id=op.id, tenant=request_tenant(request),
+                             actor=actor_for_user(user=request.user))
         op.refresh_from_db()
         return Response(s.OperationSerializer(op).data, status=status.HTTP_202_ACCEPTED)
 
 
-def _submit(*, tenant: str, key: str | None, data: dict[str, Any]) -> tuple[api.OperationView, bool]:
+def _submit(*, tenant: str, key: str | None, data: dict[str, Any],
+            actor: api.Actor) -> tuple[api.OperationView, bool]:
     # The public API returns a view; `created` comes from the idempotency service it wraps.
     from toolops.services.idempotency import operation_submit_idempotent
 
     op, created = operation_submit_idempotent(
         tenant=tenant, idempotency_key=key, server_name=data["server"], tool_name=data["tool"],
         call_node_id=data["call_node_id"], arguments=data["arguments"], ttl_ms=data.get("ttl_ms"),
+        actor=actor,
     )
     return api.get_operation(operation_id=op.id, tenant=tenant), created
 
@@ -118,7 +122,7 @@ class InputRequestViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         ).order_by("deadline", "id")
 
     @extend_schema(request=s.AnswerSerializer,
-                   responses={202: s.OperationSerializer, 404: ERROR, 409: ERROR})
+                   responses={202: s.OperationSerializer, 403: ERROR, 404: ERROR, 409: ERROR})
     @action(detail=True, methods=["post"], url_path="answer")
     def answer(self, request: Request, pk: str | None = None) -> Response:
         body = s.AnswerSerializer(data=request.data)
@@ -128,6 +132,7 @@ class InputRequestViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
             operation_id=item.operation_id, input_round=item.round,
             schema_digest=body.validated_data["schema_digest"],
             response=body.validated_data["response"], tenant=request_tenant(request),
+            actor=actor_for_user(user=request.user),
         )
         op = Operation.objects.select_related("server").get(id=view.id)
         return Response(s.OperationSerializer(op).data, status=status.HTTP_202_ACCEPTED)
@@ -147,18 +152,19 @@ class ReconciliationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         ).order_by("status", "deadline", "id")
 
     @extend_schema(request=s.ResolveSerializer,
-                   responses={200: s.ReconciliationItemSerializer, 404: ERROR, 409: ERROR})
+                   responses={200: s.ReconciliationItemSerializer, 403: ERROR, 404: ERROR, 409: ERROR,
+                              422: ERROR})
     @action(detail=True, methods=["post"], url_path="resolve")
     def resolve(self, request: Request, pk: str | None = None) -> Response:
         body = s.ResolveSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         item = self.get_object()
-        reconciliation_resolve(
+        api.resolve_reconciliation_item(
             item_id=item.pk, action=body.validated_data["resolution"],
             reason=body.validated_data["reason"], evidence=body.validated_data["evidence"],
             remote_id=body.validated_data.get("remote_id", ""),
             terminal_status=body.validated_data.get("terminal_status", ""),
-            actor=request.user.get_username(),
+            actor=actor_for_user(user=request.user), tenant=request_tenant(request),
         )
         item.refresh_from_db()
         return Response(s.ReconciliationItemSerializer(item).data)

@@ -44,6 +44,7 @@ from toolops.errors import ToolopsError
 from toolops.scheduling import next_poll_at
 from toolops.services.connections import server_call
 from toolops.services.observe import RELEASE, operation_to_reconciliation
+from toolops.services.permissions import SYSTEM, Action, Actor, operation_tenant, permission_require
 
 logger = logging.getLogger("toolops.cancel")
 
@@ -108,11 +109,13 @@ def _request_cancel(*, operation_id: uuid.UUID, owner: str) -> Operation:
     return Operation.objects.select_related("server").get(id=operation_id)
 
 
-def operation_cancel(*, operation_id: uuid.UUID) -> str:
+def operation_cancel(*, operation_id: uuid.UUID, actor: Actor | str = SYSTEM) -> str:
     """Request a cancel and send it; returns a short outcome label.
 
-    Raises CancelRefused (having recorded the refusal) when the row is not cancellable.
+    Raises CancelRefused (having recorded the refusal) when the row is not cancellable, and
+    PermissionRefused when `actor` may not cancel it (toolops/services/permissions.py).
     """
+    permission_require(actor=actor, action=Action.CANCEL, tenant=operation_tenant(operation_id))
     owner = _lease_owner()
     op = _request_cancel(operation_id=operation_id, owner=owner)
     return _send_cancel(op=op, owner=owner)

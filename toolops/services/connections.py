@@ -38,6 +38,7 @@ from toolops.qps import (
     server_bucket_key,
     wire_rate,
 )
+from toolops.services.server_transport import ServerTransport, server_transport
 
 T = TypeVar("T")
 logger = logging.getLogger("toolops.qps")
@@ -57,6 +58,8 @@ STATUS_NOTIFICATION = "notifications/tasks/status"
 
 _lock = threading.Lock()
 _cache: dict[tuple[int, str, str, str], TaskAdapter] = {}
+# Each cached adapter's transport (URL policy at connect time, credentials at send time).
+_transports: dict[tuple[int, str, str, str], ServerTransport] = {}
 _transport_factory: Callable[[ToolServer], httpx.BaseTransport | None] | None = None
 _rng = random.SystemRandom()
 # The `server_call` running on this thread: its gate charges its requests to this scope.
@@ -115,6 +118,9 @@ def adapter_for_server(*, server: ToolServer) -> TaskAdapter:
     with _lock:
         adapter = _cache.get(key)
         if adapter is None:
+            inner = _transport_factory(server) if _transport_factory is not None else None
+            transport = server_transport(credentials=server.credentials, inner=inner)
+            _transports[key] = transport
             adapter = adapter_for(
                 version=server.adapter_version,
                 url=server.url,
@@ -122,7 +128,7 @@ def adapter_for_server(*, server: ToolServer) -> TaskAdapter:
                 timeout_s=float(settings.TOOLOPS_HTTP_TIMEOUT_SECONDS),
                 # Adapter settings negotiation stored (AIP-151: the configured methods).
                 options=(server.capabilities or {}).get("adapter_options"),
-                transport=_transport_factory(server) if _transport_factory is not None else None,
+                transport=transport,
                 bounds=settings_bounds(),
             )
             adapter.set_request_gate(server_request_gate(server=server))
@@ -266,3 +272,6 @@ def adapters_close_all() -> None:
         for adapter in _cache.values():
             adapter.close()
         _cache.clear()
+        for transport in _transports.values():
+            transport.close()
+        _transports.clear()

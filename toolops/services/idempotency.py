@@ -18,6 +18,8 @@ from ledger.digests import canonical_digest
 from ledger.models import Operation
 from ledger.states import State
 from toolops.errors import SubmissionKeyTaken, ToolopsError
+from toolops.services.json_input import json_input_check
+from toolops.services.permissions import SYSTEM, Action, Actor, permission_require
 from toolops.services.submit import operation_submit
 
 # Longest accepted Idempotency-Key; UUIDs and ULIDs fit with room to spare.
@@ -60,15 +62,21 @@ def _replay(*, op: Operation, digest: str) -> Operation:
 def operation_submit_idempotent(
     *, tenant: str, idempotency_key: str | None, server_name: str, tool_name: str,
     call_node_id: str, arguments: dict[str, Any] | None = None, ttl_ms: int | None = None,
+    actor: Actor | str = SYSTEM,
 ) -> tuple[Operation, bool]:
     """Submit, or replay the submission made under the same key. Returns (operation, created)."""
+    # Checked up front: a replay would otherwise show a refused principal the existing operation.
+    permission_require(actor=actor, action=Action.SUBMIT, tenant=tenant)
+    # Before canonicalisation digests it: canonical JSON cannot encode a lone surrogate.
+    json_input_check({"server": server_name, "tool": tool_name, "call_node_id": call_node_id,
+                      "arguments": arguments}, field="submission")
     args = dict(arguments or {})
     digest = submission_digest_of(server_name=server_name, tool_name=tool_name,
                                   call_node_id=call_node_id, arguments=args, ttl_ms=ttl_ms)
     if idempotency_key is None:
         return operation_submit(server_name=server_name, tool_name=tool_name, call_node_id=call_node_id,
                                 arguments=args, ttl_ms=ttl_ms, tenant=tenant,
-                                submission_digest=digest), True
+                                submission_digest=digest, actor=actor), True
     if not idempotency_key or len(idempotency_key) > MAX_IDEMPOTENCY_KEY_LENGTH:
         raise ToolopsError(f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} characters")
     key = submission_key_for(tenant=tenant, idempotency_key=idempotency_key)
@@ -77,7 +85,8 @@ def operation_submit_idempotent(
         try:
             op = operation_submit(server_name=server_name, tool_name=tool_name,
                                   call_node_id=call_node_id, arguments=args, ttl_ms=ttl_ms,
-                                  tenant=tenant, submission_key=key, submission_digest=digest)
+                                  tenant=tenant, submission_key=key, submission_digest=digest,
+                                  actor=actor)
             return op, True
         except SubmissionKeyTaken:
             existing = Operation.objects.get(submission_key=key)

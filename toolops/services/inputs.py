@@ -32,7 +32,9 @@ from ledger.services.transitions import operation_transition
 from ledger.states import State
 from toolops.errors import ToolopsError
 from toolops.services.connections import adapter_for_server, server_call
+from toolops.services.json_input import JsonInputRefused, json_input_check
 from toolops.services.observe import RELEASE, operation_reschedule_after_error
+from toolops.services.permissions import SYSTEM, Action, Actor, operation_tenant, permission_require
 
 logger = logging.getLogger("toolops.inputs")
 
@@ -304,12 +306,20 @@ def _refuse_without_input_channel(*, operation_id: uuid.UUID) -> None:
 
 
 def operation_answer_input(*, operation_id: uuid.UUID, input_round: int, schema_digest: str,
-                           response: Any, answered_by_id: int | None = None) -> str:
+                           response: Any, answered_by_id: int | None = None,
+                           actor: Actor | str = SYSTEM) -> str:
     """Record and deliver the answer to one input round; polling resumes when none stays open.
 
     Raises InputAnswerRefused (with the refusal recorded as an event) for a wrong round, a stale
-    digest, a passed deadline, an answered round or an answer that does not fit the schema.
+    digest, a passed deadline, an answered round or an answer that does not fit the schema;
+    PermissionRefused when `actor` may not answer (toolops/services/permissions.py).
     """
+    who = permission_require(actor=actor, action=Action.ANSWER, tenant=operation_tenant(operation_id))
+    answered_by_id = answered_by_id if answered_by_id is not None else who.user_id
+    try:
+        json_input_check(response, field="response")  # jsonb stores no NUL or lone surrogate
+    except JsonInputRefused as exc:
+        raise InputAnswerRefused(str(exc)) from exc
     try:
         _refuse_without_input_channel(operation_id=operation_id)
         checked = _record_answer(operation_id=operation_id, input_round=input_round,

@@ -20,6 +20,7 @@ from adapters.mcp_tasks_ext_2026 import EXTENSION
 from ledger.models import ToolServer
 from toolops.errors import ToolopsError
 from toolops.services.connections import settings_bounds
+from toolops.services.server_transport import server_transport
 
 EXT = "mcp-tasks-ext/2026-07-28"
 CORE_2025 = "mcp-tasks/2025-11-25"
@@ -29,13 +30,16 @@ AUTO_ORDER = (EXT, CORE_2025)
 
 def negotiate_with(
     *, url: str, adapter_version: str, options: dict[str, Any] | None = None,
-    request_gate: RequestGate | None = None,
+    request_gate: RequestGate | None = None, credentials: dict[str, Any] | None = None,
 ) -> tuple[Negotiated, list[ToolDescriptor]]:
-    """`request_gate`: for a server already in use (a re-initialisation), its QPS gate."""
+    """`request_gate`: for a server already in use (a re-initialisation), its QPS gate.
+    `credentials`: what registration split off the URL (sent, never stored in the URL)."""
+    transport = server_transport(credentials=credentials)
     try:
         adapter = adapter_for(version=adapter_version, url=url, session_id=None, options=options,
-                              bounds=settings_bounds())
+                              bounds=settings_bounds(), transport=transport)
     except ValueError as exc:
+        transport.close()
         raise ToolopsError(str(exc)) from exc
     adapter.set_request_gate(request_gate)
     try:
@@ -46,11 +50,13 @@ def negotiate_with(
     finally:
         # Closing the HTTP client only; an MCP session stays open on the server for the workers.
         adapter.close()
+        transport.close()
     return negotiated, tools
 
 
 def negotiate_auto(
-    *, url: str, sync_bounds: dict[str, float], request_gate: RequestGate | None = None
+    *, url: str, sync_bounds: dict[str, float], request_gate: RequestGate | None = None,
+    credentials: dict[str, Any] | None = None,
 ) -> tuple[str, Negotiated, list[ToolDescriptor], list[str]]:
     """(chosen version, negotiated, tools, notes on what was tried); every shape tried passes
     `request_gate` (the server's cap) for each of its requests."""
@@ -59,7 +65,7 @@ def negotiate_auto(
     for version in AUTO_ORDER:
         try:
             negotiated, tools = negotiate_with(url=url, adapter_version=version,
-                                               request_gate=request_gate)
+                                               request_gate=request_gate, credentials=credentials)
         except ToolopsError as exc:
             notes.append(f"{version}: {exc}")
             continue

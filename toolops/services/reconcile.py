@@ -25,6 +25,8 @@ from ledger.services.acceptance import input_rounds_withdraw, operation_accept_t
 from ledger.services.transitions import operation_transition, operation_update_guarded
 from ledger.states import State, TerminalStatus
 from toolops.errors import ToolopsError
+from toolops.services.json_input import JsonInputRefused, json_input_check
+from toolops.services.permissions import Action, Actor, permission_require
 
 # Events copied into an item's evidence: enough to judge the case without opening the ledger.
 EVIDENCE_EVENTS = 20
@@ -38,6 +40,14 @@ class ReconciliationRefused(ToolopsError):
 
 class AlreadyResolved(ReconciliationRefused):
     pass
+
+
+class EvidenceRejected(ReconciliationRefused):
+    """Attested evidence failed the output defense a fetched result must pass; nothing changed."""
+
+    def __init__(self, reasons: list[str]) -> None:
+        super().__init__("evidence rejected by output defense: " + "; ".join(reasons))
+        self.reasons = list(reasons)
 
 
 def _recent_events(*, operation_id: uuid.UUID) -> list[dict[str, Any]]:
@@ -78,18 +88,20 @@ def operation_to_reconciliation(*, op: Operation, lease_owner: str | None, reaso
 
 
 def _resolve(
-    *, item_id: int, actor: str, reason: str, resolution: str,
+    *, item_id: int, actor: Actor | str, reason: str, resolution: str,
     apply: Callable[[Operation, dict[str, Any]], None],
 ) -> ReconciliationItem:
-    if not actor.strip():
+    if isinstance(actor, str) and not actor.strip():
         raise ReconciliationRefused("a resolution must name who made it")
     if not reason.strip():
         raise ReconciliationRefused("a resolution must say why")
-    operation_id = (
-        ReconciliationItem.objects.filter(id=item_id).values_list("operation_id", flat=True).first()
-    )
-    if operation_id is None:
+    found = (ReconciliationItem.objects.filter(id=item_id)
+             .values_list("operation_id", "operation__tenant").first())
+    if found is None:
         raise ReconciliationRefused(f"no reconciliation item {item_id}")
+    operation_id, tenant = found
+    # Checked before any lock is taken: a refused principal changes and waits on nothing.
+    by = permission_require(actor=actor, action=Action.RESOLVE, tenant=tenant).name
     with transaction.atomic(durable=True):
         op = Operation.objects.select_for_update().get(id=operation_id)  # lock order: row, item
         item = ReconciliationItem.objects.select_for_update().get(id=item_id)
@@ -99,20 +111,20 @@ def _resolve(
             )
         if op.state != State.RECONCILIATION_REQUIRED:
             raise ReconciliationRefused(f"operation {op.id} is {op.state}, not awaiting reconciliation")
-        who = {"item_id": item_id, "resolution": resolution, "by": actor, "reason": reason}
+        who = {"item_id": item_id, "resolution": resolution, "by": by, "reason": reason}
         apply(op, who)
         # The status condition is the backstop for the lock: a resolved item never changes again.
         changed = ReconciliationItem.objects.filter(
             id=item_id, status=ReconciliationItem.Status.OPEN
         ).update(status=ReconciliationItem.Status.RESOLVED, resolution=resolution,
-                 resolution_reason=reason, resolved_by=actor, resolved_at=timezone.now())
+                 resolution_reason=reason, resolved_by=by, resolved_at=timezone.now())
         if changed != 1:
             raise AlreadyResolved(f"item {item_id} was already resolved")
     item.refresh_from_db()
     return item
 
 
-def reconciliation_attach_remote_id(*, item_id: int, remote_id: str, actor: str,
+def reconciliation_attach_remote_id(*, item_id: int, remote_id: str, actor: Actor | str,
                                     reason: str) -> ReconciliationItem:
     """A remote id found by hand: the row goes back to WORKING and normal polling resumes."""
     remote_id = remote_id.strip()
@@ -146,7 +158,7 @@ def reconciliation_attach_remote_id(*, item_id: int, remote_id: str, actor: str,
             f"remote id {remote_id!r} already belongs to another operation") from exc
 
 
-def reconciliation_declare_never_created(*, item_id: int, actor: str,
+def reconciliation_declare_never_created(*, item_id: int, actor: Actor | str,
                                          reason: str) -> ReconciliationItem:
     """NOT_FOUND_SAFE: frees the call node for a new attempt. Refused once a task id is known."""
 
@@ -167,15 +179,24 @@ def reconciliation_declare_never_created(*, item_id: int, actor: str,
 
 
 def reconciliation_accept_terminal(
-    *, item_id: int, terminal_status: str, evidence: dict[str, Any] | None, actor: str, reason: str,
+    *, item_id: int, terminal_status: str, evidence: dict[str, Any] | None, actor: Actor | str,
+    reason: str,
 ) -> ReconciliationItem:
     """Accept a terminal state the operator observed, with the evidence as the stored result.
 
     The result is stored and digested before acceptance, exactly as a fetched one would be; the
     row is due at once, so if acceptance below does not happen the dispatcher completes it.
+    Evidence passes the same output defense as a fetched result (size, content block types, the
+    tool's outputSchema, custom hooks); evidence that fails is refused with the reasons
+    (EvidenceRejected) and nothing changes: an operator cannot attest what the executor would
+    have rejected.
     """
     if terminal_status not in TerminalStatus.values:
         raise ReconciliationRefused(f"terminal status must be one of {', '.join(TerminalStatus.values)}")
+    try:
+        json_input_check(evidence, field="evidence")
+    except JsonInputRefused as exc:
+        raise ReconciliationRefused(str(exc)) from exc
 
     def apply(op: Operation, who: dict[str, Any]) -> None:
         if not op.result_digest and not evidence:
@@ -185,6 +206,16 @@ def reconciliation_accept_terminal(
             raise ReconciliationRefused(
                 f"the fetched result is for {op.terminal_status!r}, not {terminal_status!r}"
             )
+        stored = {"kind": "attested", "payload": evidence,
+                  "is_error": terminal_status != TerminalStatus.COMPLETED,
+                  "status_message": reason, "attested_by": who["by"]}
+        # Before anything moves: what is accepted from here passes the pipeline, evidence as the
+        # fetched result it stands in for, a stored result again under the settings now in force.
+        if not keep_fetched:
+            _defend_evidence(op=op, stored=stored, terminal_status=terminal_status)
+        elif isinstance(op.result, dict):
+            _defend_evidence(op=op, stored=op.result, terminal_status=terminal_status,
+                             as_fetched=False)
         operation_transition(
             operation_id=op.id, from_state=State.RECONCILIATION_REQUIRED,
             to_state=State.TERMINAL_OBSERVED, execution_epoch=op.execution_epoch,
@@ -199,14 +230,11 @@ def reconciliation_accept_terminal(
         )
         if keep_fetched:
             return
-        stored = {"kind": "attested", "payload": evidence,
-                  "is_error": terminal_status != TerminalStatus.COMPLETED,
-                  "status_message": reason, "attested_by": actor}
         digest = canonical_digest(stored)
         operation_update_guarded(
             operation_id=op.id, state=State.FETCHING_RESULT, execution_epoch=op.execution_epoch,
             updates={"result": stored, "result_kind": stored["kind"], "result_digest": digest},
-            event_kind="result_attested", event_data={"result_digest": digest, "by": actor},
+            event_kind="result_attested", event_data={"result_digest": digest, "by": who["by"]},
         )
 
     item = _resolve(item_id=item_id, actor=actor, reason=reason,
@@ -224,7 +252,19 @@ def reconciliation_accept_terminal(
     return item
 
 
-def reconciliation_abandon(*, item_id: int, actor: str, reason: str) -> ReconciliationItem:
+def _defend_evidence(*, op: Operation, stored: dict[str, Any], terminal_status: str,
+                     as_fetched: bool = True) -> None:
+    # Attested evidence is judged as the fetched result it stands in for: a completed
+    # attestation is held to the tool's outputSchema exactly as a `result` would be.
+    from toolops.services.output_defense import result_defend
+
+    judged = {**stored, "kind": "result"} if as_fetched else stored
+    verdict = result_defend(op=op, stored=judged, terminal_status=terminal_status)
+    if not verdict.ok:
+        raise EvidenceRejected(verdict.reasons)
+
+
+def reconciliation_abandon(*, item_id: int, actor: Actor | str, reason: str) -> ReconciliationItem:
     """Close as abandoned. The call node stays taken: its remote work may still exist."""
 
     def apply(op: Operation, who: dict[str, Any]) -> None:
@@ -247,7 +287,7 @@ def reconciliation_take(*, item_id: int, user_id: int) -> bool:
 
 
 def reconciliation_resolve(
-    *, item_id: int, action: str, actor: str, reason: str, remote_id: str = "",
+    *, item_id: int, action: str, actor: Actor | str, reason: str, remote_id: str = "",
     terminal_status: str = "", evidence: dict[str, Any] | None = None,
 ) -> ReconciliationItem:
     """One entry point by action name, for the CLI."""

@@ -38,8 +38,10 @@ from toolops.services.adapters_admin import adapter_assert_accepting
 from toolops.services.connections import RateLimited, server_call
 from toolops.services.executors import TASKS, operation_refuse_stale
 from toolops.services.inputs import operation_open_round_on_create
+from toolops.services.json_input import json_input_check
 from toolops.services.negotiation import server_offers_tasks
 from toolops.services.observe import task_schedule_fields
+from toolops.services.permissions import SYSTEM, Action, Actor, permission_require
 from toolops.services.remote_ids import submit_reply_record
 from toolops.services.results import (
     operation_complete_sync,
@@ -216,12 +218,18 @@ def operation_submit(
     tenant: str = "",
     submission_key: str | None = None,
     submission_digest: str = "",
+    actor: Actor | str = SYSTEM,
 ) -> Operation:
     """Submit one call. `submission_key` (else a random one) is the key the server dedups on.
 
     A tenant sees only its own servers and the shared ones (blank tenant); a given key that is
     already taken raises SubmissionKeyTaken (toolops/services/idempotency.py turns that into a replay).
+    PermissionRefused when `actor` may not submit for `tenant` (toolops/services/permissions.py).
     """
+    permission_require(actor=actor, action=Action.SUBMIT, tenant=tenant)
+    # NUL, lone surrogates, depth: a refusal naming the field, never a database error.
+    json_input_check({"server": server_name, "tool": tool_name, "call_node_id": call_node_id,
+                      "arguments": arguments}, field="submission")
     try:
         server = ToolServer.objects.get(name=server_name)
     except ToolServer.DoesNotExist as exc:

@@ -1,0 +1,53 @@
+"""OpenAPI links between the API's operations (a drf-spectacular postprocessing hook).
+
+They say where an id in one response can be used next (a listed reconciliation item is resolved
+by its `id`, a submitted operation is cancelled by its `id`, ...). Clients and the stateful
+schemathesis run in the tests follow them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# (source path, method, status) -> [(link name, target path, method, {parameter: expression})]
+LINKS: dict[tuple[str, str, str], list[tuple[str, str, str, dict[str, str]]]] = {
+    ("/api/operations/", "post", "201"): [
+        ("CancelOperation", "/api/operations/{id}/cancel/", "post", {"id": "$response.body#/id"}),
+        ("GetOperation", "/api/operations/{id}/", "get", {"id": "$response.body#/id"}),
+    ],
+    ("/api/operations/", "get", "200"): [
+        ("CancelListedOperation", "/api/operations/{id}/cancel/", "post",
+         {"id": "$response.body#/results/0/id"}),
+    ],
+    ("/api/operations/{id}/cancel/", "post", "202"): [
+        ("GetCancelledOperation", "/api/operations/{id}/", "get", {"id": "$response.body#/id"}),
+    ],
+    ("/api/input-requests/", "get", "200"): [
+        ("AnswerInputRequest", "/api/input-requests/{id}/answer/", "post",
+         {"id": "$response.body#/results/0/id"}),
+    ],
+    ("/api/input-requests/{id}/answer/", "post", "202"): [
+        ("GetAnsweredOperation", "/api/operations/{id}/", "get", {"id": "$response.body#/id"}),
+    ],
+    ("/api/reconciliation/", "get", "200"): [
+        ("ResolveItem", "/api/reconciliation/{id}/resolve/", "post",
+         {"id": "$response.body#/results/0/id"}),
+    ],
+    ("/api/reconciliation/{id}/resolve/", "post", "200"): [
+        ("GetResolvedOperation", "/api/operations/{id}/", "get", {"id": "$response.body#/operation"}),
+    ],
+}
+
+
+def schema_add_links(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    paths = result.get("paths", {})
+    for (path, method, status), links in LINKS.items():
+        response = paths.get(path, {}).get(method, {}).get("responses", {}).get(status)
+        if response is None:
+            continue
+        out = response.setdefault("links", {})
+        for name, target, target_method, parameters in links:
+            op_id = paths.get(target, {}).get(target_method, {}).get("operationId")
+            if op_id:
+                out[name] = {"operationId": op_id, "parameters": dict(parameters)}
+    return result
