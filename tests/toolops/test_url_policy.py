@@ -220,7 +220,7 @@ def test_server_add_against_a_nul_descriptor_is_one_line() -> None:
         with pytest.raises(CommandError) as refused:
             call_command("toolops", "server-add", "evil", "--url", f"{base}/mcp")
         message = str(refused.value)
-        assert "\n" not in message and "U+0000" in message, message
+        assert "\n" not in message and ("U+0000" in message or "NUL" in message), message
         assert not ToolServer.objects.exists()
 
 
