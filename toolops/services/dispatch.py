@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from functools import partial
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connections, router, transaction
 from django.db.models import F, Min, Q
 from django.utils import timezone
 
@@ -25,24 +25,50 @@ from ledger.states import POLLABLE, State
 CLAIMABLE = frozenset(POLLABLE | {State.SUBMITTING, State.SUBMISSION_UNKNOWN})
 
 
-def operations_claim_due(*, owner: str, limit: int | None = None) -> list[uuid.UUID]:
+def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None = None) -> list[uuid.UUID]:
+    """Claim due rows in the caller's transaction (see operations_claim_due).
+
+    A leased row is not due: the claim moves `next_poll_at` to the lease's end, so it becomes due
+    again exactly when a worker that died holding it would have lost it, unless the poll writes
+    its next time first. The claim's index scan over due rows therefore never walks past rows
+    already leased, however many are in flight.
+    """
     now = timezone.now()
     batch = limit or int(settings.TOOLOPS_CLAIM_BATCH)
     lease_until = now + timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS))
-    with transaction.atomic():
-        ids = list(
-            Operation.objects.select_for_update(skip_locked=True)
-            .filter(state__in=CLAIMABLE, next_poll_at__lte=now)
-            .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
-            .order_by("next_poll_at")
-            .values_list("id", flat=True)[:batch]
-        )
-        if ids:
-            Operation.objects.filter(id__in=ids).update(
-                lease_owner=owner, lease_expires_at=lease_until,
-                poll_attempts=F("poll_attempts") + 1,
+    due = Operation.objects.select_for_update(skip_locked=True).filter(
+        state__in=CLAIMABLE, next_poll_at__lte=now
+    )
+    if path is not None:
+        due = due.filter(executor_path=path)
+    due = (due.filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
+           .order_by("next_poll_at").values_list("id", flat=True)[:batch])
+    connection = connections[router.db_for_write(Operation)]
+    if connection.vendor == "postgresql":
+        # One statement: lock, lease and return the batch (no second lookup of each id).
+        select_sql, params = due.query.sql_with_params()
+        table = Operation._meta.db_table
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f'UPDATE "{table}" AS o SET "lease_owner" = %s, "lease_expires_at" = %s, '
+                f'"next_poll_at" = %s, "poll_attempts" = o."poll_attempts" + 1 '
+                f'FROM ({select_sql}) AS due WHERE o."id" = due."id" RETURNING o."id"',
+                [owner, lease_until, lease_until, *params],
             )
+            return [row[0] for row in cursor.fetchall()]
+    ids = list(due)
+    if ids:
+        Operation.objects.filter(id__in=ids).update(
+            lease_owner=owner, lease_expires_at=lease_until, next_poll_at=lease_until,
+            poll_attempts=F("poll_attempts") + 1,
+        )
     return ids
+
+
+def operations_claim_due(*, owner: str, limit: int | None = None) -> list[uuid.UUID]:
+    """One transaction: lock due, unleased rows (`FOR UPDATE SKIP LOCKED`), lease them."""
+    with transaction.atomic():
+        return claim_due_locked(owner=owner, limit=limit)
 
 
 def operations_dispatch_due(*, enqueue: Callable[[uuid.UUID, str], None]) -> int:

@@ -19,7 +19,12 @@ from typing import Any
 from django.conf import settings
 from django.utils.module_loading import import_string
 
+from ledger.digests import canonical_digest
 from ledger.models import Operation
+from ledger.services.events import operation_record_event
+from toolops.logging import get_logger
+from toolops.metrics import output_rejected_inc
+from toolops.services.reconcile import operation_to_reconciliation
 
 POLICY_RECONCILE = "reconcile"
 POLICY_FAIL = "fail"
@@ -147,13 +152,6 @@ def operation_defend_result(
     rejection record and the terminal status becomes `failed`, so the receipt can never present a
     rejected result as a success.
     """
-    # Imported here: observe imports results, which imports this module.
-    from ledger.digests import canonical_digest
-    from ledger.services.events import operation_record_event
-    from toolops.logging import get_logger
-    from toolops.metrics import output_rejected_inc
-    from toolops.services.observe import operation_to_reconciliation
-
     verdict = result_defend(op=op, stored=stored, terminal_status=terminal_status)
     if verdict.ok:
         return stored, terminal_status

@@ -22,13 +22,12 @@ from ledger.digests import canonical_digest
 from ledger.errors import AcceptanceRefused
 from ledger.models import Operation, OperationEvent, ReconciliationItem
 from ledger.services.acceptance import input_rounds_withdraw, operation_accept_terminal
-from ledger.services.transitions import operation_transition, operation_update_guarded
+from ledger.services.transitions import RELEASE, operation_transition, operation_update_guarded
 from ledger.states import State, TerminalStatus
 from toolops.errors import ToolopsError
 
 # Events copied into an item's evidence: enough to judge the case without opening the ledger.
 EVIDENCE_EVENTS = 20
-RELEASE: dict[str, Any] = {"lease_owner": "", "lease_expires_at": None}
 Resolution = ReconciliationItem.Resolution
 
 
