@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dj_database_url
 
-from config.env import BASE_DIR, env_bool, env_float, env_str
+from config.env import BASE_DIR, env_bool, env_int, env_str
 
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", "toolops-insecure-dev-key-change-me")
 DEBUG = env_bool("DJANGO_DEBUG", False)
@@ -56,7 +56,7 @@ if DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3":
     # process's session instead of opening one per task (a connect, its setup statements and a
     # backend process each time). The health check re-validates a reused session at the start of
     # each task, so one dropped by a database restart is replaced rather than failing the task.
-    DATABASES["default"]["CONN_MAX_AGE"] = env_float("TOOLOPS_DB_CONN_MAX_AGE", 300.0)
+    DATABASES["default"]["CONN_MAX_AGE"] = env_int("TOOLOPS_DB_CONN_MAX_AGE", 300)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = env_bool("TOOLOPS_DB_CONN_HEALTH_CHECKS", True)
 else:
     (BASE_DIR / "var").mkdir(exist_ok=True)

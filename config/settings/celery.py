@@ -28,7 +28,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("TOOLOPS_VISIBI
 # -Q consumes every queue named here; a fleet can also give `toolops.dispatch` its own worker.
 DISPATCH_QUEUE = "toolops.dispatch"
 CELERY_TASK_DEFAULT_QUEUE = "celery"
-CELERY_TASK_QUEUES = {"celery": {}, DISPATCH_QUEUE: {}}
+CELERY_TASK_QUEUES: dict[str, dict[str, str]] = {"celery": {}, DISPATCH_QUEUE: {}}
 CELERY_TASK_ROUTES = {"toolops.dispatch_due": {"queue": DISPATCH_QUEUE}}
 # How often beat fires the dispatcher: the grain at which poll schedules stored in the ledger are
 # honoured (a row due now waits at most this long for its claim). One claim transaction a tick.

@@ -41,12 +41,12 @@ def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None =
     )
     if path is not None:
         due = due.filter(executor_path=path)
-    due = (due.filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
-           .order_by("next_poll_at").values_list("id", flat=True)[:batch])
+    due_ids = (due.filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
+               .order_by("next_poll_at").values_list("id", flat=True)[:batch])
     connection = connections[router.db_for_write(Operation)]
     if connection.vendor == "postgresql":
         # One statement: lock, lease and return the batch (no second lookup of each id).
-        select_sql, params = due.query.sql_with_params()
+        select_sql, params = due_ids.query.sql_with_params()
         table = Operation._meta.db_table
         with connection.cursor() as cursor:
             cursor.execute(
@@ -56,7 +56,7 @@ def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None =
                 [owner, lease_until, lease_until, *params],
             )
             return [row[0] for row in cursor.fetchall()]
-    ids = list(due)
+    ids = list(due_ids)
     if ids:
         Operation.objects.filter(id__in=ids).update(
             lease_owner=owner, lease_expires_at=lease_until, next_poll_at=lease_until,
