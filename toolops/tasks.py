@@ -6,6 +6,7 @@ import uuid
 
 from celery import shared_task
 
+from toolops.broker import dispatch_room
 from toolops.services.dispatch import operations_dispatch_due
 from toolops.services.inputs import input_rounds_expire_due
 from toolops.services.observe import operation_poll
@@ -19,7 +20,9 @@ def _enqueue_poll(operation_id: uuid.UUID, lease_owner: str) -> None:
 @shared_task(name="toolops.dispatch_due", ignore_result=True)
 def dispatch_due() -> int:
     input_rounds_expire_due()  # unanswered input deadlines get their recorded outcome
-    return operations_dispatch_due(enqueue=_enqueue_poll)
+    # Top the poll queue up to its cap, no more (toolops/broker.py).
+    return operations_dispatch_due(enqueue=_enqueue_poll,
+                                   room=dispatch_room(app=poll_operation.app))
 
 
 @shared_task(name="toolops.poll_operation", ignore_result=True, acks_late=True)

@@ -71,11 +71,18 @@ def operations_claim_due(*, owner: str, limit: int | None = None) -> list[uuid.U
         return claim_due_locked(owner=owner, limit=limit)
 
 
-def operations_dispatch_due(*, enqueue: Callable[[uuid.UUID, str], None]) -> int:
-    """Claim due rows and hand each to `enqueue` only once the claim has committed."""
+def operations_dispatch_due(*, enqueue: Callable[[uuid.UUID, str], None], room: int | None = None) -> int:
+    """Claim due rows and hand each to `enqueue` only once the claim has committed.
+
+    `room`: how many more messages the workers' queue should take now (None: no limit but the
+    claim batch). Rows left unclaimed stay due in the ledger for the next tick.
+    """
+    if room is not None and room <= 0:
+        return 0
+    batch = int(settings.TOOLOPS_CLAIM_BATCH)
     owner = f"lease-{uuid.uuid4().hex}"
     with transaction.atomic():
-        ids = operations_claim_due(owner=owner)
+        ids = claim_due_locked(owner=owner, limit=batch if room is None else min(room, batch))
         for op_id in ids:
             # Never enqueue inside the transaction: a rolled-back claim must send nothing.
             transaction.on_commit(partial(enqueue, op_id, owner))
