@@ -31,8 +31,8 @@ from ledger.digests import request_digest
 from ledger.errors import IllegalTransition
 from ledger.models import Operation, ToolServer
 from ledger.services.events import event_append_locked
-from ledger.services.transitions import operation_transition
-from ledger.states import State
+from ledger.services.transitions import RELEASE, operation_transition
+from ledger.states import State, TerminalStatus
 from toolops.errors import ServerNotFound, SubmissionKeyTaken, SubmitRefused
 from toolops.services.adapters_admin import adapter_assert_accepting
 from toolops.services.connections import RateLimited, server_call
@@ -312,7 +312,7 @@ def _send_and_record(*, op: Operation, server: ToolServer, owner: str) -> Operat
         operation_transition(
             operation_id=op.id, from_state=State.SUBMITTING, to_state=State.SUBMISSION_UNKNOWN,
             execution_epoch=op.execution_epoch, lease_owner=owner,
-            updates={"lease_owner": "", "lease_expires_at": None, "next_poll_at": timezone.now()},
+            updates={**RELEASE, "next_poll_at": timezone.now()},
             event_kind="submission_unknown", event_data={"error": str(exc), "detail": exc.detail},
         )
         return Operation.objects.get(id=op.id)
@@ -323,7 +323,7 @@ def _send_and_record(*, op: Operation, server: ToolServer, owner: str) -> Operat
         operation_transition(
             operation_id=op.id, from_state=State.SUBMITTING, to_state=State.SUBMISSION_UNKNOWN,
             execution_epoch=op.execution_epoch, lease_owner=owner,
-            updates={"lease_owner": "", "lease_expires_at": None, "next_poll_at": None},
+            updates={**RELEASE, "next_poll_at": None},
             event_kind="submit_refused_by_server",
             event_data={"error": str(exc), "type": type(exc).__name__, "detail": exc.detail},
         )
@@ -363,7 +363,7 @@ def _send_and_record(*, op: Operation, server: ToolServer, owner: str) -> Operat
 
 def _record_task_reply(*, op: Operation, owner: str, task: RemoteTask) -> Operation:
     now = timezone.now()
-    if task.status in ("completed", "failed", "cancelled"):
+    if task.status in TerminalStatus.values:
         # Done on create (AIP-151 allows it): fetch, then status, result and receipt in one
         # transaction, still under our lease.
         operation_settle_terminal(op=op, lease_owner=owner, task=task, from_state=State.SUBMITTING,
@@ -373,8 +373,7 @@ def _record_task_reply(*, op: Operation, owner: str, task: RemoteTask) -> Operat
     updates = {
         "remote_id": task.remote_id,
         **task_schedule_fields(op=op, task=task, now=now),
-        "lease_owner": "",
-        "lease_expires_at": None,
+        **RELEASE,
     }
     operation_transition(
         operation_id=op.id, from_state=State.SUBMITTING, to_state=to_state,
