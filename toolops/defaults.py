@@ -15,6 +15,9 @@ from toolops.env import env_float, env_int, env_str
 TOOLOPS_LEASE_SECONDS = env_float("TOOLOPS_LEASE_SECONDS", 30.0)
 # Rows claimed per dispatcher transaction; one poll task per row (ids only).
 TOOLOPS_CLAIM_BATCH = env_int("TOOLOPS_CLAIM_BATCH", 200)
+# Poll messages the dispatcher keeps waiting in the broker at most (toolops/broker.py): enough to
+# keep every worker busy between ticks, few enough that none waits out its lease in the queue.
+TOOLOPS_DISPATCH_MAX_QUEUED = env_int("TOOLOPS_DISPATCH_MAX_QUEUED", 100)
 # Never poll faster than this, whatever the server suggests (protects servers that send 0).
 TOOLOPS_POLL_FLOOR_SECONDS = env_float("TOOLOPS_POLL_FLOOR_SECONDS", 0.2)
 # Used when the server suggests no interval (SDK defaults are 0.5 s to 5 s).

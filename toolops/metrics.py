@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, F, Min, Q
+from django.db.models import Count, F, Min, Q, Sum
 from django.utils import timezone
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -56,9 +56,9 @@ from ledger.states import State
 # Latency buckets (seconds) from a quick sync call to a long-running task's multi-hour budget.
 LATENCY_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0)
 
-# Event kinds written once per poll request, and the outcome each one means.
+# Event kinds written once per poll request, and the outcome each one means. A poll answered
+# with a non-terminal status is counted on its row (`Operation.polls_count`), not as an event.
 POLL_EVENT_OUTCOMES = {
-    "observed": "ok",
     "terminal_observed": "terminal",
     "poll_error": "error",
 }
@@ -131,6 +131,10 @@ class LedgerCollector(Collector):
                      .values_list("operation__server__name").annotate(n=Count("id")).order_by())
         for server, kind, n in polls:
             p.add_metric([server, POLL_EVENT_OUTCOMES[kind]], float(n))
+        working = (Operation.objects.filter(polls_count__gt=0).values_list("server__name")
+                   .annotate(n=Sum("polls_count")).order_by())
+        for server, n in working:
+            p.add_metric([server, "ok"], float(n))
         for server, n in not_found:
             p.add_metric([server, "not_found"], float(n))
         yield p

@@ -32,6 +32,7 @@ from datetime import datetime
 from typing import Any
 
 from ledger.models import InputRequest, Operation, ReconciliationItem, TerminalReceipt
+from ledger.states import State
 from toolops.errors import ToolopsError
 from toolops.services.cancel import CancelRefused, operation_cancel
 from toolops.services.idempotency import (
@@ -134,13 +135,16 @@ def _receipt_view(op: Operation) -> ReceiptView | None:
                        accepted_at=receipt.accepted_at)
 
 
-def _operation_view(op: Operation) -> OperationView:
+_LOOKUP = object()
+
+
+def _operation_view(op: Operation, receipt: object = _LOOKUP) -> OperationView:
     return OperationView(
         id=op.id, call_node_id=op.call_node_id, server=op.server.name, tool_name=op.tool_name,
         state=op.state, server_state=op.server_state, terminal_status=op.terminal_status,
         input_round=op.input_round, cancel_generation=op.cancel_generation,
         execution_epoch=op.execution_epoch, created_at=op.created_at, updated_at=op.updated_at,
-        receipt=_receipt_view(op),
+        receipt=_receipt_view(op) if receipt is _LOOKUP else None,
     )
 
 
@@ -164,10 +168,13 @@ def submit_call(
     `actor`: who acts (default: the host process, `SYSTEM`); pass `actor_for_user(user=...)` when
     acting for a user, whose permission or organisation role is then checked.
     """
-    op, _created = operation_submit_idempotent(
+    op, created = operation_submit_idempotent(
         tenant=tenant, idempotency_key=idempotency_key, server_name=server, tool_name=tool,
         call_node_id=call_node_id, arguments=arguments, ttl_ms=ttl_ms, actor=actor,
     )
+    if created and op.state not in (State.ACCEPTED, State.CANCELLED_ACCEPTED):
+        # The row as the submit wrote it (server attached, no receipt yet): no read back.
+        return _operation_view(op, receipt=None)
     return _operation_view(Operation.objects.select_related("server").get(id=op.id))
 
 

@@ -11,6 +11,7 @@ import uuid
 
 from celery import shared_task
 
+from toolops.broker import dispatch_room
 from toolops.services.boundary import exception_redacted, operation_poll_guarded
 from toolops.services.dispatch import operations_dispatch_due
 from toolops.services.inputs import input_rounds_expire_due
@@ -29,7 +30,9 @@ def dispatch_due() -> int:
         input_rounds_expire_due()  # unanswered input deadlines get their recorded outcome
     except Exception as exc:
         logger.warning("input deadline sweep failed: %s", exception_redacted(exc)["type"])
-    return operations_dispatch_due(enqueue=_enqueue_poll)
+    # Top the poll queue up to its cap, no more (toolops/broker.py).
+    return operations_dispatch_due(enqueue=_enqueue_poll,
+                                   room=dispatch_room(app=poll_operation.app))
 
 
 @shared_task(name="toolops.poll_operation", ignore_result=True, acks_late=True)

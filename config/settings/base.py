@@ -6,7 +6,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from config.env import BASE_DIR, env_bool, env_str
+from config.env import BASE_DIR, env_bool, env_int, env_str
 
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", "toolops-insecure-dev-key-change-me")
 DEBUG = env_bool("DJANGO_DEBUG", False)
@@ -56,7 +56,14 @@ TEMPLATES = [
 
 _DEFAULT_SQLITE = f"sqlite:///{BASE_DIR / 'var' / 'toolops.sqlite3'}"
 DATABASES = {"default": dj_database_url.parse(env_str("DATABASE_URL", _DEFAULT_SQLITE), conn_max_age=0)}
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+if DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3":
+    # Persistent connections: a Celery task (Django's request boundary there) reuses its
+    # process's session instead of opening one per task (a connect, its setup statements and a
+    # backend process each time). The health check re-validates a reused session at the start of
+    # each task, so one dropped by a database restart is replaced rather than failing the task.
+    DATABASES["default"]["CONN_MAX_AGE"] = env_int("TOOLOPS_DB_CONN_MAX_AGE", 300)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = env_bool("TOOLOPS_DB_CONN_HEALTH_CHECKS", True)
+else:
     (BASE_DIR / "var").mkdir(exist_ok=True)
     # The embedded runner writes from one process; a busy timeout rides over short lock waits
     # from a concurrent CLI call instead of failing with "database is locked".

@@ -6,7 +6,7 @@ the beat dispatcher re-claims any row whose lease expired, so a lost message cos
 
 from __future__ import annotations
 
-from config.env import env_bool, env_int, env_str
+from config.env import env_bool, env_float, env_int, env_str
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
 # No result backend: task return values are never read; the ledger records every outcome.
@@ -23,13 +23,22 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Redis redelivers unacked messages after this; the row lease (shorter) is what really bounds a
 # stall, so this only needs to exceed the longest task body.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("TOOLOPS_VISIBILITY_TIMEOUT", 300)}
+# The dispatcher has a queue of its own: behind a backlog of polls on the default queue its tick
+# would wait its turn (and expire unrun), leaving due rows unclaimed. A worker started without
+# -Q consumes every queue named here; a fleet can also give `toolops.dispatch` its own worker.
+DISPATCH_QUEUE = "toolops.dispatch"
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_TASK_QUEUES: dict[str, dict[str, str]] = {"celery": {}, DISPATCH_QUEUE: {}}
+CELERY_TASK_ROUTES = {"toolops.dispatch_due": {"queue": DISPATCH_QUEUE}}
+# How often beat fires the dispatcher: the grain at which poll schedules stored in the ledger are
+# honoured (a row due now waits at most this long for its claim). One claim transaction a tick.
+TOOLOPS_DISPATCH_INTERVAL_SECONDS = env_float("TOOLOPS_DISPATCH_INTERVAL_SECONDS", 0.25)
 CELERY_BEAT_SCHEDULE = {
     "toolops-dispatch-due": {
         "task": "toolops.dispatch_due",
-        # Every second: the finest grain at which poll schedules stored in the ledger are honoured.
-        "schedule": 1.0,
-        # A tick that could not run within a second is superseded by the next one.
-        "options": {"expires": 1.0},
+        "schedule": TOOLOPS_DISPATCH_INTERVAL_SECONDS,
+        # A tick that could not run in time is superseded by the next one.
+        "options": {"expires": max(TOOLOPS_DISPATCH_INTERVAL_SECONDS, 1.0)},
     },
 }
 

@@ -52,6 +52,14 @@ class Operation(models.Model):
     lease_owner = models.CharField(max_length=100, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     poll_interval_ms = models.PositiveIntegerField(null=True, blank=True)
+    # A working poll that changes nothing is counted here, not written as an event: the event
+    # series stays bounded per call (state changes and what an operator must see).
+    polls_count = models.PositiveIntegerField(default=0)
+    last_polled_at = models.DateTimeField(null=True, blank=True)
+    # Failed protocol calls in a row (reset by any answer): the backoff's exponent.
+    poll_errors_in_row = models.PositiveIntegerField(default=0)
+    # The last progress the server reported (AIP-151 `metadata`), to record only its changes.
+    server_progress = models.JSONField(null=True, blank=True)
 
     input_round = models.PositiveIntegerField(default=0)
     cancel_generation = models.PositiveIntegerField(default=0)

@@ -20,18 +20,12 @@ from django.utils import timezone
 
 from ledger.errors import AcceptanceRefused, OperationNotFound
 from ledger.models import InputRequest, Operation, OperationEvent, OutboxEvent, TerminalReceipt
-from ledger.services.events import event_append_locked, operation_record_event
+from ledger.services.events import operation_record_event
 from ledger.services.shadow import shadow_comparisons_complete_locked
-from ledger.states import State, TerminalStatus
+from ledger.services.terminal import claim_check, final_state_for, operation_finalize_locked
+from ledger.states import TerminalStatus
 
 logger = logging.getLogger("ledger.acceptance")
-
-
-def _check(field: str, expected: Any, claimed: Any) -> None:
-    if expected != claimed:
-        raise AcceptanceRefused(
-            f"{field} mismatch: ledger has {expected!r}, claim has {claimed!r}", field=field
-        )
 
 
 def _accept_locked(
@@ -54,25 +48,15 @@ def _accept_locked(
         # settled by ledger.services.shadow.operation_accept_shadow_terminal.
         raise AcceptanceRefused("a shadow operation never gets a receipt", field="shadow")
 
-    # A confirmed cancel is accepted straight from CANCEL_REQUESTED; everything else only after the
-    # result was fetched and digested (FETCHING_RESULT with a stored digest).
-    if op.state == State.CANCEL_REQUESTED and terminal_status == TerminalStatus.CANCELLED:
-        final_state = State.CANCELLED_ACCEPTED
-    elif op.state == State.FETCHING_RESULT:
-        final_state = State.ACCEPTED
-        _check("terminal_status", op.terminal_status, terminal_status)
-        if not op.result_digest:
-            raise AcceptanceRefused("result was not fetched and digested", field="result_digest")
-    else:
-        raise AcceptanceRefused(f"state {op.state} cannot be accepted", field="state")
+    final_state = final_state_for(op=op, terminal_status=terminal_status)
 
-    _check("call_node_id", op.call_node_id, call_node_id)
-    _check("request_digest", op.request_digest, request_digest)
-    _check("remote_id", op.remote_id, remote_id)
-    _check("descriptor_version", op.descriptor_version, descriptor_version)
-    _check("execution_epoch", op.execution_epoch, execution_epoch)
-    _check("cancel_generation", op.cancel_generation, cancel_generation)
-    _check("result_digest", op.result_digest, result_digest)
+    claim_check("call_node_id", op.call_node_id, call_node_id)
+    claim_check("request_digest", op.request_digest, request_digest)
+    claim_check("remote_id", op.remote_id, remote_id)
+    claim_check("descriptor_version", op.descriptor_version, descriptor_version)
+    claim_check("execution_epoch", op.execution_epoch, execution_epoch)
+    claim_check("cancel_generation", op.cancel_generation, cancel_generation)
+    claim_check("result_digest", op.result_digest, result_digest)
 
     cancelled = terminal_status == TerminalStatus.CANCELLED
     try:
@@ -116,24 +100,10 @@ def _accept_locked(
     # as the receipt, so no gate ever offers an answer for an accepted row.
     input_rounds_withdraw(operation_id=op.id)
     now = timezone.now()
-    Operation.objects.filter(id=op.id, state=op.state).update(
-        state=final_state,
-        terminal_status=terminal_status,
-        next_poll_at=None,
-        lease_owner="",
-        lease_expires_at=None,
-        updated_at=now,
-    )
-    event_append_locked(
-        operation_id=op.id,
-        kind="accepted",
-        from_state=op.state,
-        to_state=final_state,
-        server_state=op.server_state,
-        execution_epoch=op.execution_epoch,
-        cancel_generation=op.cancel_generation,
-        data={"receipt_id": receipt.pk, "terminal_status": terminal_status,
-              **_cancel_figures(op=op, cancelled=cancelled, now=now)},
+    operation_finalize_locked(
+        op=op, final_state=final_state, terminal_status=terminal_status, event_kind="accepted",
+        event_data={"receipt_id": receipt.pk, "terminal_status": terminal_status,
+                    **_cancel_figures(op=op, cancelled=cancelled, now=now)},
     )
     return receipt
 
@@ -163,6 +133,43 @@ def _cancel_figures(*, op: Operation, cancelled: bool, now: datetime) -> dict[st
     if requested_at is not None:
         figures["cancel_confirmation_ms"] = round((now - requested_at).total_seconds() * 1000, 3)
     return figures
+
+
+def operation_accept_terminal_within(
+    *,
+    operation_id: uuid.UUID,
+    call_node_id: str,
+    request_digest: str,
+    remote_id: str,
+    descriptor_version: str,
+    execution_epoch: int,
+    cancel_generation: int,
+    terminal_status: str,
+    result_digest: str,
+) -> TerminalReceipt:
+    """The same acceptance, inside the caller's durable transaction (the poll cycle that fetched
+    and stored the result): one commit for the terminal answer, the result, the receipt and the
+    outbox row. A refusal rolls back to a savepoint, is recorded in the caller's transaction, and
+    raises AcceptanceRefused; what the caller wrote before (the stored result) stays.
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("operation_accept_terminal_within needs the caller's transaction")
+    try:
+        with transaction.atomic():
+            return _accept_locked(
+                operation_id=operation_id, call_node_id=call_node_id,
+                request_digest=request_digest, remote_id=remote_id,
+                descriptor_version=descriptor_version, execution_epoch=execution_epoch,
+                cancel_generation=cancel_generation, terminal_status=terminal_status,
+                result_digest=result_digest,
+            )
+    except AcceptanceRefused as exc:
+        logger.warning("acceptance refused for %s: %s", operation_id, exc.reason)
+        operation_record_event(
+            operation_id=operation_id, kind="acceptance_refused",
+            data={"reason": exc.reason, "field": exc.field, "claimed_status": terminal_status},
+        )
+        raise
 
 
 def operation_accept_terminal(

@@ -11,8 +11,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from django.db import transaction
-from django.db.models import Max
+from django.db import connections, router, transaction
+from django.utils import timezone
 
 from ledger.errors import OperationNotFound
 from ledger.models import Operation, OperationEvent
@@ -29,19 +29,34 @@ def event_append_locked(
     server_state: str = "",
     data: Mapping[str, Any] | None = None,
 ) -> OperationEvent:
-    """Append one event; the caller must already hold the row lock in the current transaction."""
-    last = OperationEvent.objects.filter(operation_id=operation_id).aggregate(m=Max("seq"))["m"]
-    return OperationEvent.objects.create(
-        operation_id=operation_id,
-        seq=(last or 0) + 1,
-        kind=kind,
-        from_state=from_state,
-        to_state=to_state,
-        server_state=server_state,
-        execution_epoch=execution_epoch,
-        cancel_generation=cancel_generation,
-        data=dict(data or {}),
+    """Append one event; the caller must already hold the row lock in the current transaction.
+
+    One statement: the next sequence number is computed inside the INSERT (the row lock makes it
+    safe), so an append costs no separate `max(seq)` round trip.
+    """
+    event = OperationEvent(
+        operation_id=operation_id, kind=kind, from_state=from_state, to_state=to_state,
+        server_state=server_state, execution_epoch=execution_epoch,
+        cancel_generation=cancel_generation, data=dict(data or {}), created_at=timezone.now(),
     )
+    connection = connections[router.db_for_write(OperationEvent)]
+    meta = OperationEvent._meta
+    qn = connection.ops.quote_name
+    columns = [f for f in meta.concrete_fields if f.attname not in ("id", "seq")]
+    values = [f.get_db_prep_save(getattr(event, f.attname), connection) for f in columns]
+    op_id_value = meta.get_field("operation").get_db_prep_value(operation_id, connection)
+    table = qn(meta.db_table)
+    sql = (
+        f"INSERT INTO {table} ({', '.join(qn(f.column) for f in columns)}, {qn('seq')}) "
+        f"SELECT {', '.join(['%s'] * len(columns))}, COALESCE(MAX({qn('seq')}), 0) + 1 "
+        f"FROM {table} WHERE {qn('operation_id')} = %s RETURNING {qn('id')}, {qn('seq')}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*values, op_id_value])
+        event.id, event.seq = cursor.fetchone()
+    event._state.adding = False
+    event._state.db = connection.alias
+    return event
 
 
 def operation_record_event(

@@ -18,8 +18,7 @@ from django.utils import timezone
 from ledger.digests import canonical_digest
 from ledger.errors import AcceptanceRefused, OperationNotFound
 from ledger.models import Operation, ShadowComparison, TerminalReceipt
-from ledger.services.events import event_append_locked
-from ledger.states import State
+from ledger.services.terminal import claim_check, final_state_for, operation_finalize_locked
 
 
 def comparable_digest(result: Any) -> str:
@@ -63,31 +62,23 @@ def shadow_comparisons_complete_locked(*, legacy: Operation, receipt: TerminalRe
 
 def operation_accept_shadow_terminal(
     *, operation_id: uuid.UUID, execution_epoch: int, cancel_generation: int,
-    terminal_status: str, result_digest: str,
+    terminal_status: str, result_digest: str, within: bool = False,
 ) -> ShadowComparison:
-    """The shadow row's terminal record. Same guards as acceptance; never a receipt or outbox row."""
-    with transaction.atomic(durable=True):
+    """The shadow row's terminal record. Same guards as acceptance; never a receipt or outbox row.
+
+    `within`: run inside the caller's durable transaction (a savepoint) instead of its own.
+    """
+    with transaction.atomic(durable=not within):
         op = Operation.objects.select_for_update().filter(id=operation_id).first()
         if op is None:
             raise OperationNotFound(str(operation_id))
         if not op.shadow or op.shadow_of_id is None:
             raise AcceptanceRefused("not a shadow operation", field="shadow")
-        if op.state == State.CANCEL_REQUESTED and terminal_status == "cancelled":
-            final_state = State.CANCELLED_ACCEPTED
-        elif op.state == State.FETCHING_RESULT and op.result_digest:
-            final_state = State.ACCEPTED
-        else:
-            raise AcceptanceRefused(f"state {op.state} cannot be accepted", field="state")
-        for field, expected, claimed in (
-            ("execution_epoch", op.execution_epoch, execution_epoch),
-            ("cancel_generation", op.cancel_generation, cancel_generation),
-            ("terminal_status", op.terminal_status, terminal_status),
-            ("result_digest", op.result_digest, result_digest),
-        ):
-            if expected != claimed:
-                raise AcceptanceRefused(
-                    f"{field} mismatch: ledger has {expected!r}, claim has {claimed!r}", field=field
-                )
+        final_state = final_state_for(op=op, terminal_status=terminal_status)
+        claim_check("execution_epoch", op.execution_epoch, execution_epoch)
+        claim_check("cancel_generation", op.cancel_generation, cancel_generation)
+        claim_check("terminal_status", op.terminal_status, terminal_status)
+        claim_check("result_digest", op.result_digest, result_digest)
         try:
             comparison = ShadowComparison.objects.create(
                 shadow_operation=op, legacy_operation_id=op.shadow_of_id,
@@ -102,14 +93,9 @@ def operation_accept_shadow_terminal(
         if receipt is not None:
             _verdict(comparison, legacy, receipt)
             comparison.save()
-        Operation.objects.filter(id=op.id, state=op.state).update(
-            state=final_state, next_poll_at=None, lease_owner="", lease_expires_at=None,
-            updated_at=timezone.now(),
-        )
-        event_append_locked(
-            operation_id=op.id, kind="shadow_accepted", from_state=op.state, to_state=final_state,
-            server_state=op.server_state, execution_epoch=op.execution_epoch,
-            cancel_generation=op.cancel_generation,
-            data={"comparison_id": comparison.pk, "verdict": comparison.verdict},
+        operation_finalize_locked(
+            op=op, final_state=final_state, terminal_status=terminal_status,
+            event_kind="shadow_accepted",
+            event_data={"comparison_id": comparison.pk, "verdict": comparison.verdict},
         )
         return comparison

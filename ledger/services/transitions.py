@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from django.db import transaction
@@ -18,6 +19,37 @@ from ledger.errors import IllegalTransition, OperationNotFound
 from ledger.models import Operation
 from ledger.services.events import event_append_locked
 from ledger.states import TRANSITIONS, State
+
+# Fields that end a lease; written with every write that hands the row back to the dispatcher.
+RELEASE: dict[str, Any] = {"lease_owner": "", "lease_expires_at": None}
+
+
+def _atomic() -> AbstractContextManager[Any]:
+    """A transaction of its own, or the caller's as it is: no savepoint is needed, since a
+    guarded UPDATE that matches no row wrote nothing and the refusal is raised before the event."""
+    if transaction.get_connection().in_atomic_block:
+        return nullcontext()
+    return transaction.atomic()
+
+
+def _event_context(
+    *, operation_id: uuid.UUID, fields: Mapping[str, Any], known: Mapping[str, Any] | None
+) -> tuple[int, str]:
+    """(cancel_generation, server_state) after the UPDATE, for the event row.
+
+    A caller that loaded the row under its lease names them in `known` (the guarded UPDATE just
+    proved they still hold), so the common path needs no re-read; a value the UPDATE set from an
+    expression is read back.
+    """
+    values: dict[str, Any] = dict(known or {})
+    for name in ("cancel_generation", "server_state"):
+        if name in fields:
+            values[name] = fields[name]
+    if all(name in values and not hasattr(values[name], "resolve_expression")
+           for name in ("cancel_generation", "server_state")):
+        return int(values["cancel_generation"]), str(values["server_state"])
+    row = Operation.objects.filter(id=operation_id).values("cancel_generation", "server_state").get()
+    return row["cancel_generation"], row["server_state"]
 
 
 def _describe_mismatch(operation_id: uuid.UUID) -> str:
@@ -45,6 +77,7 @@ def operation_transition(
     updates: Mapping[str, Any] | None = None,
     event_kind: str = "transition",
     event_data: Mapping[str, Any] | None = None,
+    known: Mapping[str, Any] | None = None,
 ) -> None:
     """Move one operation from `from_state` to `to_state`, or raise and change nothing."""
     src, dst = State(from_state), State(to_state)
@@ -60,23 +93,21 @@ def operation_transition(
         filters["cancel_generation"] = cancel_generation
     if lease_owner is not None:
         filters["lease_owner"] = lease_owner
-    with transaction.atomic():
+    with _atomic():
         changed = Operation.objects.filter(**filters).update(**fields)
         if changed != 1:
             raise IllegalTransition(
                 f"{src} -> {dst} refused for {operation_id}: {_describe_mismatch(operation_id)}"
             )
-        row = Operation.objects.filter(id=operation_id).values(
-            "cancel_generation", "server_state"
-        ).get()
+        generation, server_state = _event_context(operation_id=operation_id, fields=fields, known=known)
         event_append_locked(
             operation_id=operation_id,
             kind=event_kind,
             from_state=src,
             to_state=dst,
-            server_state=row["server_state"],
+            server_state=server_state,
             execution_epoch=execution_epoch,
-            cancel_generation=row["cancel_generation"],
+            cancel_generation=generation,
             data=event_data,
         )
 
@@ -92,6 +123,7 @@ def operation_update_guarded(
     cancel_generation: int | None = None,
     lease_owner: str | None = None,
     extra_filters: Mapping[str, Any] | None = None,
+    known: Mapping[str, Any] | None = None,
 ) -> bool:
     """Write fields without a state change (an observation, a poll schedule), same guards.
 
@@ -107,20 +139,18 @@ def operation_update_guarded(
     if lease_owner is not None:
         filters["lease_owner"] = lease_owner
     filters.update(extra_filters or {})
-    with transaction.atomic():
+    with _atomic():
         if Operation.objects.filter(**filters).update(**fields) != 1:
             return False
-        row = Operation.objects.filter(id=operation_id).values(
-            "cancel_generation", "server_state"
-        ).get()
+        generation, server_state = _event_context(operation_id=operation_id, fields=fields, known=known)
         event_append_locked(
             operation_id=operation_id,
             kind=event_kind,
             from_state=State(state),
             to_state=State(state),
-            server_state=row["server_state"],
+            server_state=server_state,
             execution_epoch=execution_epoch,
-            cancel_generation=row["cancel_generation"],
+            cancel_generation=generation,
             data=event_data,
         )
     return True

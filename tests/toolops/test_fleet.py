@@ -18,7 +18,7 @@ import pytest
 import redis
 from django.db import connection
 
-from ledger.models import OperationEvent, OutboxEvent, TerminalReceipt
+from ledger.models import Operation, OutboxEvent, TerminalReceipt
 from ledger.states import State
 from tests.peers.launch import peer_stats
 from toolops.services.servers import server_add
@@ -93,10 +93,11 @@ def test_worker_killed_mid_operation_loses_and_duplicates_nothing(
     first = _start([*worker_args, "-n", "first@%h"], fleet_env, tmp_path / "worker1.log")
     second = None
     try:
-        # Any poll by the first worker (a claim bumps poll_attempts); the 10 s task is still
-        # running then even when a loaded machine starts the worker slowly.
-        _wait_for(lambda: OperationEvent.objects.filter(operation=op).exclude(
-            kind__in=["created", "submitted"]).exists(), 45, "the first worker to poll the operation")
+        # Any poll recorded by the first worker (a working poll is counted on the row, not
+        # written as an event); the 10 s task is still running then even when a loaded machine
+        # starts the worker slowly.
+        _wait_for(lambda: Operation.objects.filter(id=op.id, polls_count__gt=0).exists(), 45,
+                  "the first worker to poll the operation")
         _kill(first)  # SIGKILL: no shutdown, no acks, leases left behind
         assert not TerminalReceipt.objects.filter(operation=op).exists()
         second = _start([*worker_args, "-n", "second@%h"], fleet_env, tmp_path / "worker2.log")

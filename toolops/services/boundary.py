@@ -20,9 +20,7 @@ time is up, handing back the leases of claimed rows it did not get to.
 from __future__ import annotations
 
 import logging
-import re
 import time
-import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +28,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, close_old_connections, connection, transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import F
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -39,6 +37,7 @@ from ledger.models import Operation, OperationEvent
 from ledger.services.events import event_append_locked
 from ledger.states import TRANSITIONS, State
 from toolops.scheduling import next_poll_after_error_at
+from toolops.services.db_retry import db_connection_reopen, db_write_retrying, exception_redacted
 from toolops.services.dispatch import CLAIMABLE
 
 logger = logging.getLogger("toolops.boundary")
@@ -52,61 +51,9 @@ ACCEPTANCE_REFUSED = "acceptance_refused"
 NON_PROGRESS_KINDS = frozenset({EXECUTOR_ERROR, "poll_error", "result_fetch_error",
                                 "fetching_result", "result_fetched", "acceptance_refused"})
 CRASH_LOOKBACK_EVENTS = 32
-# A redacted message never carries more than this; quoted text longer than QUOTED_MAX (a value
-# from a server answer, a payload fragment) is replaced by its length.
-MESSAGE_MAX = 200
-QUOTED_MAX = 40
-_QUOTED = re.compile(r"""(['"])(.{""" + str(QUOTED_MAX + 1) + r""",}?)\1""", re.DOTALL)
-# A database error's DETAIL / "Failing row contains (...)" lines carry the row's values.
-_DETAIL = re.compile(r"(DETAIL:|Failing row contains|CONTEXT:).*", re.DOTALL)
-RECORD_BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0)
 # A claim or schedule query that failed (database away): nap this long before the next tick.
 TICK_ERROR_NAP_SECONDS = 0.5
 MAX_IDLE_SLEEP_SECONDS = 0.5
-
-
-def exception_redacted(exc: BaseException) -> dict[str, Any]:
-    """Type, one short line of message and the raising frame: enough to triage, no payloads."""
-    text = str(exc)
-    text = _DETAIL.sub("", text).strip().splitlines()[0] if text.strip() else ""
-    text = _QUOTED.sub(lambda m: f"<{len(m.group(2))} chars>", text)
-    if len(text) > MESSAGE_MAX:
-        text = text[:MESSAGE_MAX] + "…"
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = ""
-    if frames:
-        last = frames[-1]
-        where = f"{last.filename.rsplit('/', 1)[-1]}:{last.lineno} {last.name}"
-    return {"type": f"{type(exc).__module__}.{type(exc).__qualname__}", "message": text,
-            "where": where}
-
-
-def db_connection_reopen() -> None:
-    """Drop a broken connection so the next query opens a fresh one (never inside a caller's
-    transaction: that would end it)."""
-    if not connection.in_atomic_block:
-        close_old_connections()
-        if connection.connection is not None and not connection.is_usable():
-            connection.close()
-
-
-def db_write_retrying(fn: Callable[[], T], *, what: str) -> T:
-    """Run a write, retrying on a lost or refused database connection with backoff.
-
-    Only connection-level failures are retried (OperationalError, InterfaceError); anything else
-    is a real answer from the database and is raised at once. The last failure is raised.
-    """
-    tries = 1 + int(settings.TOOLOPS_DB_WRITE_RETRIES)
-    for attempt in range(tries):
-        try:
-            return fn()
-        except (OperationalError, InterfaceError) as exc:
-            if attempt + 1 >= tries or connection.in_atomic_block:
-                raise
-            logger.warning("%s failed (%s), retrying", what, exception_redacted(exc)["message"])
-            db_connection_reopen()
-            time.sleep(RECORD_BACKOFF_SECONDS[min(attempt, len(RECORD_BACKOFF_SECONDS) - 1)])
-    raise AssertionError("unreachable")
 
 
 def _consecutive_crashes(*, operation_id: uuid.UUID) -> int:

@@ -43,8 +43,9 @@ from ledger.states import State
 from toolops.errors import ToolopsError
 from toolops.scheduling import next_poll_at
 from toolops.services.connections import server_call
-from toolops.services.observe import RELEASE, operation_to_reconciliation
 from toolops.services.permissions import SYSTEM, Action, Actor, operation_tenant, permission_require
+from toolops.services.reconcile import RELEASE, operation_to_reconciliation
+from toolops.services.results import operation_fetch_and_accept, operation_record_terminal_seen
 
 logger = logging.getLogger("toolops.cancel")
 
@@ -188,8 +189,6 @@ def operation_observe_cancel_requested(
     *, op: Operation, lease_owner: str, task: RemoteTask, observation_seq: int | None
 ) -> str:
     """A terminal status seen while CANCEL_REQUESTED (cancel reply lost, or already terminal)."""
-    from toolops.services.results import operation_fetch_and_accept, operation_record_terminal_seen
-
     if task.status == "cancelled":
         return operation_accept_cancelled(op=op, lease_owner=lease_owner, task=task, source="poll")
     # Completion won the race: the real outcome is accepted and the cancel recorded as lost, but

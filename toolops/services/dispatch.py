@@ -2,10 +2,7 @@
 
 One transaction claims a batch with `SELECT ... FOR UPDATE SKIP LOCKED`, so two dispatchers never
 lease the same row: the second skips rows the first has locked and, after the first commits, sees
-them leased. A worker that dies holding a lease stalls its rows only until the lease expires:
-an expired lease is claimable whatever the row's `next_poll_at` says (a worker may die between
-two writes of one cycle, holding a lease on a row with no next poll time), so no open row of a
-polled state is ever left without someone to claim it.
+them leased. A worker that dies holding a lease stalls its rows only until the lease expires.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from functools import partial
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connections, router, transaction
 from django.db.models import F, Min, Q
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
@@ -31,7 +28,12 @@ CLAIMABLE = frozenset(POLLABLE | {State.SUBMITTING, State.SUBMISSION_UNKNOWN})
 
 
 def claimable_now(*, now: datetime) -> Q:
-    """Due and free, or held by a lease that ran out (with or without a next poll time)."""
+    """Due and free, or held by a lease that ran out (with or without a next poll time).
+
+    A claim moves `next_poll_at` to the lease's end, so a leased row is normally found by its
+    next poll time alone; the second branch (no next poll time, expired lease, its own partial
+    index) catches a row whose writer cleared the schedule while it held the lease, so no row can
+    be stranded by a worker that died between that write and the next."""
     return (
         Q(state__in=CLAIMABLE)
         & (Q(next_poll_at__lte=now) | Q(next_poll_at__isnull=True, lease_expires_at__isnull=False))
@@ -48,30 +50,61 @@ def next_claimable_at(queryset: Any) -> datetime | None:
                                Coalesce("lease_expires_at", "next_poll_at"))))["m"]
 
 
-def operations_claim_due(*, owner: str, limit: int | None = None) -> list[uuid.UUID]:
+def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None = None) -> list[uuid.UUID]:
+    """Claim due rows in the caller's transaction (see operations_claim_due).
+
+    A leased row is not due: the claim moves `next_poll_at` to the lease's end, so it becomes due
+    again exactly when a worker that died holding it would have lost it, unless the poll writes
+    its next time first. The claim's index scan over due rows therefore never walks past rows
+    already leased, however many are in flight.
+    """
     now = timezone.now()
     batch = limit or int(settings.TOOLOPS_CLAIM_BATCH)
     lease_until = now + timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS))
-    with transaction.atomic():
-        ids = list(
-            Operation.objects.select_for_update(skip_locked=True)
-            .filter(claimable_now(now=now))
-            .order_by("next_poll_at")
-            .values_list("id", flat=True)[:batch]
-        )
-        if ids:
-            Operation.objects.filter(id__in=ids).update(
-                lease_owner=owner, lease_expires_at=lease_until,
-                poll_attempts=F("poll_attempts") + 1,
+    due = Operation.objects.select_for_update(skip_locked=True).filter(claimable_now(now=now))
+    if path is not None:
+        due = due.filter(executor_path=path)
+    due_ids = due.order_by("next_poll_at").values_list("id", flat=True)[:batch]
+    connection = connections[router.db_for_write(Operation)]
+    if connection.vendor == "postgresql":
+        # One statement: lock, lease and return the batch (no second lookup of each id).
+        select_sql, params = due_ids.query.sql_with_params()
+        table = Operation._meta.db_table
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f'UPDATE "{table}" AS o SET "lease_owner" = %s, "lease_expires_at" = %s, '
+                f'"next_poll_at" = %s, "poll_attempts" = o."poll_attempts" + 1 '
+                f'FROM ({select_sql}) AS due WHERE o."id" = due."id" RETURNING o."id"',
+                [owner, lease_until, lease_until, *params],
             )
+            return [row[0] for row in cursor.fetchall()]
+    ids = list(due_ids)
+    if ids:
+        Operation.objects.filter(id__in=ids).update(
+            lease_owner=owner, lease_expires_at=lease_until, next_poll_at=lease_until,
+            poll_attempts=F("poll_attempts") + 1,
+        )
     return ids
 
 
-def operations_dispatch_due(*, enqueue: Callable[[uuid.UUID, str], None]) -> int:
-    """Claim due rows and hand each to `enqueue` only once the claim has committed."""
+def operations_claim_due(*, owner: str, limit: int | None = None) -> list[uuid.UUID]:
+    """One transaction: lock due, unleased rows (`FOR UPDATE SKIP LOCKED`), lease them."""
+    with transaction.atomic():
+        return claim_due_locked(owner=owner, limit=limit)
+
+
+def operations_dispatch_due(*, enqueue: Callable[[uuid.UUID, str], None], room: int | None = None) -> int:
+    """Claim due rows and hand each to `enqueue` only once the claim has committed.
+
+    `room`: how many more messages the workers' queue should take now (None: no limit but the
+    claim batch). Rows left unclaimed stay due in the ledger for the next tick.
+    """
+    if room is not None and room <= 0:
+        return 0
+    batch = int(settings.TOOLOPS_CLAIM_BATCH)
     owner = f"lease-{uuid.uuid4().hex}"
     with transaction.atomic():
-        ids = operations_claim_due(owner=owner)
+        ids = claim_due_locked(owner=owner, limit=batch if room is None else min(room, batch))
         for op_id in ids:
             # Never enqueue inside the transaction: a rolled-back claim must send nothing.
             transaction.on_commit(partial(enqueue, op_id, owner))

@@ -18,17 +18,13 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
-from django.db.models import F
-from django.utils import timezone
 
 from ledger.models import Operation, OperationEvent
 from ledger.services.events import operation_record_event
-from toolops.services.dispatch import claimable_now, next_claimable_at
+from toolops.services.dispatch import claim_due_locked, next_claimable_at
 
 LEGACY = "legacy"
 TASKS = "tasks"
@@ -107,22 +103,8 @@ def executor_claim_due(*, path: str, owner: str, limit: int | None = None) -> li
     """toolops.services.dispatch.operations_claim_due, restricted to one path's rows."""
     if _lease_path(owner) != path:
         raise ValueError(f"lease owner {owner!r} is not in the {path!r} namespace")
-    now = timezone.now()
-    batch = limit or int(settings.TOOLOPS_CLAIM_BATCH)
-    lease_until = now + timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS))
     with transaction.atomic():
-        ids = list(
-            Operation.objects.select_for_update(skip_locked=True)
-            .filter(claimable_now(now=now), executor_path=path)
-            .order_by("next_poll_at")
-            .values_list("id", flat=True)[:batch]
-        )
-        if ids:
-            Operation.objects.filter(id__in=ids, executor_path=path).update(
-                lease_owner=owner, lease_expires_at=lease_until,
-                poll_attempts=F("poll_attempts") + 1,
-            )
-    return ids
+        return claim_due_locked(owner=owner, limit=limit, path=path)
 
 
 @dataclass

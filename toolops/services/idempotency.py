@@ -80,14 +80,14 @@ def operation_submit_idempotent(
     if not idempotency_key or len(idempotency_key) > MAX_IDEMPOTENCY_KEY_LENGTH:
         raise ToolopsError(f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} characters")
     key = submission_key_for(tenant=tenant, idempotency_key=idempotency_key)
-    existing = Operation.objects.filter(submission_key=key).first()
-    if existing is None:
-        try:
-            op = operation_submit(server_name=server_name, tool_name=tool_name,
-                                  call_node_id=call_node_id, arguments=args, ttl_ms=ttl_ms,
-                                  tenant=tenant, submission_key=key, submission_digest=digest,
-                                  actor=actor)
-            return op, True
-        except SubmissionKeyTaken:
-            existing = Operation.objects.get(submission_key=key)
+    # The key check runs inside the submit's first transaction (operation_submit), so a new key
+    # costs no read of its own; a taken key is read here, once.
+    try:
+        op = operation_submit(server_name=server_name, tool_name=tool_name,
+                              call_node_id=call_node_id, arguments=args, ttl_ms=ttl_ms,
+                              tenant=tenant, submission_key=key, submission_digest=digest,
+                              actor=actor)
+        return op, True
+    except SubmissionKeyTaken:
+        existing = Operation.objects.get(submission_key=key)
     return _replay(op=existing, digest=digest), False

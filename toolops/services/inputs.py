@@ -31,10 +31,12 @@ from ledger.services.events import event_append_locked, operation_record_event
 from ledger.services.transitions import operation_transition
 from ledger.states import State
 from toolops.errors import ToolopsError
+from toolops.services.cancel import CancelRefused, operation_cancel
 from toolops.services.connections import adapter_for_server, server_call
 from toolops.services.json_input import JsonInputRefused, json_input_check
-from toolops.services.observe import RELEASE, operation_reschedule_after_error
 from toolops.services.permissions import SYSTEM, Action, Actor, operation_tenant, permission_require
+from toolops.services.reconcile import RELEASE, operation_to_reconciliation
+from toolops.services.schedule import operation_reschedule_after_error
 
 logger = logging.getLogger("toolops.inputs")
 
@@ -390,8 +392,6 @@ def input_rounds_expire_due(*, now: datetime | None = None) -> int:
 
 
 def _expire_one(*, input_request_id: int, operation_id: uuid.UUID, now: datetime) -> None:
-    from toolops.services.cancel import CancelRefused, operation_cancel
-    from toolops.services.observe import operation_to_reconciliation
 
     policy = _expiry_policy()
     with transaction.atomic(durable=True):

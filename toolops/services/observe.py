@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models import F
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from adapters import (
     AdapterError,
@@ -19,110 +18,36 @@ from adapters import (
 )
 from adapters.base import RemoteTask
 from ledger.errors import IllegalTransition
-from ledger.models import Operation, OperationEvent
-from ledger.services.transitions import operation_transition, operation_update_guarded
-from ledger.states import State
+from ledger.models import Operation
+from ledger.services.transitions import RELEASE, operation_transition, operation_update_guarded
+from ledger.states import State, TerminalStatus
 from toolops.logging import get_logger, operation_log_context_for
-from toolops.scheduling import (
-    backoff_window_seconds,
-    next_poll_after_error_at,
-    next_poll_at,
-    poll_deadline_reason,
+from toolops.scheduling import poll_deadline_reason
+from toolops.services.cancel import (
+    operation_observe_cancel_pending,
+    operation_observe_cancel_requested,
+    operation_record_late_effect,
 )
 from toolops.services.connections import RateLimited, server_call
+from toolops.services.executors import operation_refuse_stale, worker_refused_at_start
+from toolops.services.inputs import operation_open_input_round
 from toolops.services.reconcile import operation_to_reconciliation
+from toolops.services.resolution import operation_classify_missing, operation_resolve_submission
+from toolops.services.results import operation_fetch_and_accept, operation_settle_terminal
+from toolops.services.schedule import (
+    operation_reschedule_after_error,
+    operation_reschedule_rate_limited,
+    task_schedule_fields,
+)
 
-__all__ = ["operation_poll", "operation_reschedule_after_error", "operation_reschedule_rate_limited",
-           "operation_to_reconciliation", "task_schedule_fields"]
+# Re-exported for callers that import them from the poll loop; they live in schedule.py.
+__all__ = ["RELEASE", "operation_poll", "operation_reschedule_after_error",
+           "operation_reschedule_rate_limited", "operation_to_reconciliation", "task_schedule_fields"]
 
 logger = logging.getLogger("toolops.poll")
 poll_logger = get_logger("toolops.poll")
 
-TERMINAL_SERVER_STATUSES = frozenset({"completed", "failed", "cancelled"})
-RELEASE: dict[str, Any] = {"lease_owner": "", "lease_expires_at": None}
-# Event kinds of a failed protocol call: a run of them at the head of the log sets the backoff.
-ERROR_EVENT_KINDS = frozenset({"poll_error", "result_fetch_error"})
-# Looking further back than this cannot change the backoff: the window is capped long before.
-BACKOFF_LOOKBACK_EVENTS = 16
-
-
-def _task_expiry(*, task: RemoteTask, now: datetime) -> datetime | None:
-    if task.ttl_ms is None:
-        return None
-    created = parse_datetime(task.created_at) if task.created_at else None
-    return (created or now) + timedelta(milliseconds=task.ttl_ms)
-
-
-def task_schedule_fields(*, op: Operation, task: RemoteTask, now: datetime) -> dict[str, Any]:
-    """Fields an observation of `task` sets: verbatim server state, interval, expiry, next poll."""
-    expires = op.expires_at
-    server_expiry = _task_expiry(task=task, now=now)
-    if server_expiry is not None and (expires is None or server_expiry < expires):
-        expires = server_expiry
-    paused = task.status == "input_required"
-    return {
-        "server_state": task.status,
-        "server_status_message": task.status_message or "",
-        "poll_interval_ms": task.poll_interval_ms,
-        "ttl_ms": task.ttl_ms,
-        "expires_at": expires,
-        # input_required pauses polling: the row resumes when its input round is answered.
-        "next_poll_at": None if paused else next_poll_at(
-            now=now, poll_interval_ms=task.poll_interval_ms, expires_at=expires
-        ),
-    }
-
-
-def _consecutive_errors(*, operation_id: uuid.UUID) -> int:
-    """Failed calls in a row at the head of the event log (read only on the error path)."""
-    kinds = OperationEvent.objects.filter(operation_id=operation_id).order_by("-seq").values_list(
-        "kind", flat=True
-    )[:BACKOFF_LOOKBACK_EVENTS]
-    count = 0
-    for kind in kinds:
-        if kind not in ERROR_EVENT_KINDS:
-            break
-        count += 1
-    return count
-
-
-def operation_reschedule_after_error(
-    *, op: Operation, lease_owner: str, error: AdapterError, kind: str
-) -> None:
-    """Record a failed protocol call and try again later (backoff, full jitter, Retry-After as a
-    floor, never past the expiry); the row does not advance."""
-    retry_after = error.retry_after if isinstance(error, TransientError) else None
-    errors = _consecutive_errors(operation_id=op.id) + 1
-    operation_update_guarded(
-        operation_id=op.id, state=op.state, execution_epoch=op.execution_epoch,
-        lease_owner=lease_owner,
-        updates={
-            **RELEASE,
-            "next_poll_at": next_poll_after_error_at(
-                now=timezone.now(), poll_interval_ms=op.poll_interval_ms, expires_at=op.expires_at,
-                consecutive_errors=errors, retry_after_s=retry_after,
-            ),
-        },
-        event_kind=kind,
-        event_data={"error": str(error), "type": type(error).__name__, "detail": error.detail,
-                    "retry_after": retry_after, "consecutive_errors": errors,
-                    "backoff_window_s": backoff_window_seconds(consecutive_errors=errors)},
-    )
-
-
-def operation_reschedule_rate_limited(*, op: Operation, lease_owner: str, limited: RateLimited) -> bool:
-    """No QPS token: nothing was sent, so nothing is observed; release the row until `retry_at`.
-
-    One guarded UPDATE and no event: a refusal is our own pacing, not a fact about the operation,
-    and under a saturated cap it is the most frequent outcome, so it must stay cheap. The
-    `poll_attempts` claimed for it stay counted: they number the issued polls (see operation_poll).
-    """
-    at = limited.retry_at
-    if op.expires_at is not None and at > op.expires_at:
-        at = max(op.expires_at, timezone.now())
-    return Operation.objects.filter(
-        id=op.id, state=op.state, execution_epoch=op.execution_epoch, lease_owner=lease_owner,
-    ).update(**RELEASE, next_poll_at=at) == 1
+TERMINAL_SERVER_STATUSES = frozenset(TerminalStatus.values)
 
 
 # Outcomes after which a moved epoch, not a lost race, may be the reason nothing was written.
@@ -147,13 +72,11 @@ def operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
 
 
 def _operation_poll_checked(*, op: Operation, lease_owner: str) -> str:
-    from toolops.services.executors import operation_refuse_stale, worker_refused_at_start
-
     operation_id = op.id
     if worker_refused_at_start(op=op, lease_owner=lease_owner):
         return "stale_epoch"
     try:
-        outcome = _operation_poll(operation_id=operation_id, lease_owner=lease_owner)
+        outcome = _operation_poll(op=op, lease_owner=lease_owner)
     except IllegalTransition:
         if operation_refuse_stale(operation_id=operation_id, claimed_epoch=op.execution_epoch,
                                   lease_owner=lease_owner, source="poll"):
@@ -167,23 +90,10 @@ def _operation_poll_checked(*, op: Operation, lease_owner: str) -> str:
     return outcome
 
 
-def _operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
-    from toolops.services.cancel import (
-        operation_observe_cancel_pending,
-        operation_observe_cancel_requested,
-        operation_record_late_effect,
-    )
-    from toolops.services.inputs import operation_open_input_round
-    from toolops.services.resolution import (
-        operation_classify_missing,
-        operation_resolve_submission,
-    )
-    from toolops.services.results import operation_fetch_and_accept, operation_record_terminal_seen
-
-    op = Operation.objects.select_related("server").filter(id=operation_id).first()
+def _operation_poll(*, op: Operation, lease_owner: str) -> str:
+    """One poll cycle of a row loaded once (by operation_poll): no re-reads; every write below is
+    one guarded UPDATE in one transaction."""
     now = timezone.now()
-    if op is None:
-        return "missing"
     if op.lease_owner != lease_owner or op.lease_expires_at is None or op.lease_expires_at <= now:
         # Our claim is gone (expired and re-claimed, or released): another worker owns the row.
         return "stale_lease"
@@ -204,7 +114,7 @@ def _operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
         if op.expires_at is not None and now >= op.expires_at and op.result_digest:
             # Digested before expiry: the server is no longer needed, acceptance proceeds.
             operation_classify_missing(op=op, lease_owner=lease_owner, cause="expired_after_digest")
-        return operation_fetch_and_accept(operation_id=op.id, lease_owner=lease_owner)
+        return operation_fetch_and_accept(operation_id=op.id, lease_owner=lease_owner, op=op)
     if op.state not in (State.WORKING, State.CANCEL_REQUESTED):
         operation_update_guarded(
             operation_id=op.id, state=op.state, execution_epoch=op.execution_epoch,
@@ -241,11 +151,12 @@ def _operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
     # An older observation never overwrites a newer one: the sequence guard rejects it.
     seq_guard = {"observation_seq__lt": issued_seq}
     fields = {**task_schedule_fields(op=op, task=task, now=timezone.now()),
-              "observation_seq": issued_seq}
+              "observation_seq": issued_seq, "polls_count": F("polls_count") + 1}
     data: dict[str, Any] = {"observation_seq": issued_seq, "status": task.status,
                             "status_message": task.status_message}
     if task.progress is not None:
         data["progress"] = task.progress  # AIP-151 `metadata`, verbatim, in the time series
+        fields["server_progress"] = task.progress
     if task.status in TERMINAL_SERVER_STATUSES:
         if op.state == State.CANCEL_REQUESTED:
             # Which terminal state won the race with our cancel: the cancel service decides.
@@ -253,8 +164,9 @@ def _operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
                 op=op, lease_owner=lease_owner, task=task, observation_seq=issued_seq
             )
         try:
-            operation_record_terminal_seen(
-                operation_id=op.id, from_state=State(op.state), lease_owner=lease_owner, task=task,
+            # Fetch, then one transaction: status, result, receipt, outbox row.
+            return operation_settle_terminal(
+                op=op, lease_owner=lease_owner, task=task, from_state=State(op.state),
                 observation_seq=issued_seq,
             )
         except IllegalTransition:
@@ -267,7 +179,6 @@ def _operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
                 evidence={"observation_seq": issued_seq, "task": task.raw},
             )
             return "late_effect" if late is not None else "stale_observation"
-        return operation_fetch_and_accept(operation_id=op.id, lease_owner=lease_owner)
     if op.state == State.CANCEL_REQUESTED:
         return operation_observe_cancel_pending(op=op, lease_owner=lease_owner, task=task,
                                                 fields=fields, data=data, seq_guard=seq_guard)
@@ -275,9 +186,30 @@ def _operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
         # Polling pauses; the pending server request becomes the next input round.
         return operation_open_input_round(op=op, lease_owner=lease_owner, task=task,
                                           fields=fields, data=data)
-    ok = operation_update_guarded(
-        operation_id=op.id, state=op.state, execution_epoch=op.execution_epoch,
-        lease_owner=lease_owner, updates={**fields, **RELEASE}, event_kind="observed",
-        event_data=data, extra_filters=seq_guard,
+    return _record_working(op=op, lease_owner=lease_owner, task=task, fields=fields, data=data,
+                           seq_guard=seq_guard)
+
+
+def _record_working(*, op: Operation, lease_owner: str, task: RemoteTask, fields: dict[str, Any],
+                    data: dict[str, Any], seq_guard: dict[str, Any]) -> str:
+    """A non-terminal answer. What the server says changed (its status, message or progress) is
+    an event; a poll that changes nothing is one guarded UPDATE of the schedule and the counters
+    (polls_count, last_polled_at), so the event series stays bounded however long the task runs."""
+    changed = (
+        task.status != op.server_state
+        or (task.status_message or "") != op.server_status_message
+        or (task.progress is not None and task.progress != op.server_progress)
     )
+    if changed:
+        ok = operation_update_guarded(
+            operation_id=op.id, state=op.state, execution_epoch=op.execution_epoch,
+            lease_owner=lease_owner, updates={**fields, **RELEASE}, event_kind="observed",
+            event_data=data, extra_filters=seq_guard,
+            known={"cancel_generation": op.cancel_generation},
+        )
+    else:
+        ok = Operation.objects.filter(
+            id=op.id, state=op.state, execution_epoch=op.execution_epoch, lease_owner=lease_owner,
+            **seq_guard,
+        ).update(**fields, **RELEASE, updated_at=timezone.now()) == 1
     return "working" if ok else "stale_observation"

@@ -22,15 +22,15 @@ from ledger.digests import canonical_digest
 from ledger.errors import AcceptanceRefused
 from ledger.models import Operation, OperationEvent, ReconciliationItem
 from ledger.services.acceptance import input_rounds_withdraw, operation_accept_terminal
-from ledger.services.transitions import operation_transition, operation_update_guarded
+from ledger.services.transitions import RELEASE, operation_transition, operation_update_guarded
 from ledger.states import State, TerminalStatus
 from toolops.errors import ToolopsError
 from toolops.services.json_input import JsonInputRefused, json_input_check
+from toolops.services.output_checks import result_defend
 from toolops.services.permissions import Action, Actor, permission_require
 
 # Events copied into an item's evidence: enough to judge the case without opening the ledger.
 EVIDENCE_EVENTS = 20
-RELEASE: dict[str, Any] = {"lease_owner": "", "lease_expires_at": None}
 Resolution = ReconciliationItem.Resolution
 
 
@@ -256,8 +256,6 @@ def _defend_evidence(*, op: Operation, stored: dict[str, Any], terminal_status: 
                      as_fetched: bool = True) -> None:
     # Attested evidence is judged as the fetched result it stands in for: a completed
     # attestation is held to the tool's outputSchema exactly as a `result` would be.
-    from toolops.services.output_defense import result_defend
-
     judged = {**stored, "kind": "result"} if as_fetched else stored
     verdict = result_defend(op=op, stored=judged, terminal_status=terminal_status)
     if not verdict.ok:

@@ -28,7 +28,7 @@ from ledger.services.events import operation_record_event
 from ledger.services.transitions import operation_transition
 from ledger.states import TRANSITIONS, State
 from toolops.errors import ToolopsError
-from toolops.services.boundary import db_connection_reopen, db_write_retrying, exception_redacted
+from toolops.services.db_retry import db_connection_reopen, db_write_retrying, exception_redacted
 
 logger = logging.getLogger("toolops.remote_ids")
 

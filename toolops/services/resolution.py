@@ -42,6 +42,7 @@ from toolops.errors import ToolopsError
 from toolops.scheduling import next_poll_at
 from toolops.services.connections import adapter_for_server, server_call
 from toolops.services.reconcile import RELEASE, operation_to_reconciliation
+from toolops.services.schedule import task_schedule_fields
 from toolops.services.servers import server_renegotiate
 
 PROVING_MODES = frozenset({KEY_LOOKUP, KEY_DEDUP_RESEND})
@@ -90,8 +91,6 @@ def _candidates(*, op: Operation, modes: frozenset[str], until: datetime) -> lis
 
 
 def _found(*, op: Operation, lease_owner: str, task: RemoteTask, how: str) -> str:
-    from toolops.services.observe import task_schedule_fields
-
     fields = task_schedule_fields(op=op, task=task, now=timezone.now())
     fields["next_poll_at"] = timezone.now()  # poll at once: the state it is in comes from `get`
     try:

@@ -31,8 +31,8 @@ from ledger.digests import request_digest
 from ledger.errors import IllegalTransition
 from ledger.models import Operation, ToolServer
 from ledger.services.events import event_append_locked
-from ledger.services.transitions import operation_transition
-from ledger.states import State
+from ledger.services.transitions import RELEASE, operation_transition
+from ledger.states import State, TerminalStatus
 from toolops.errors import ServerNotFound, SubmissionKeyTaken, SubmitRefused
 from toolops.services.adapters_admin import adapter_assert_accepting
 from toolops.services.connections import RateLimited, server_call
@@ -40,20 +40,16 @@ from toolops.services.executors import TASKS, operation_refuse_stale
 from toolops.services.inputs import operation_open_round_on_create
 from toolops.services.json_input import json_input_check
 from toolops.services.negotiation import server_offers_tasks
-from toolops.services.observe import task_schedule_fields
 from toolops.services.permissions import SYSTEM, Action, Actor, permission_require
 from toolops.services.remote_ids import submit_reply_record
-from toolops.services.results import (
-    operation_complete_sync,
-    operation_fetch_and_accept,
-    operation_record_terminal_seen,
-)
+from toolops.services.results import operation_complete_sync, operation_settle_terminal
 from toolops.services.rollout import (
     rollout_assert_path_open_locked,
     rollout_config_for,
     rollout_route,
     tool_is_read_only,
 )
+from toolops.services.schedule import task_schedule_fields
 from toolops.services.servers import server_renegotiate
 
 logger = logging.getLogger("toolops.submit")
@@ -99,18 +95,18 @@ def _create_row(
     tenant: str, submission_key: str | None, submission_digest: str,
     path: str, shadow_of: Operation | None = None,
 ) -> Operation:
+    """Insert the row in SUBMITTING, in the caller's transaction (the first of submit's two)."""
     now = timezone.now()
     descriptor_version = tool["descriptor_digest"]
     lease = timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS))
     try:
-        with transaction.atomic(durable=True):
-            return _insert_row(
-                now=now, lease=lease, server=server, tool_name=tool_name, call_node_id=call_node_id,
-                arguments=arguments, ttl_ms=ttl_ms, mode=mode, lease_owner=lease_owner,
-                tenant=tenant, submission_key=submission_key or secrets.token_hex(16),
-                submission_digest=submission_digest, descriptor_version=descriptor_version,
-                path=path, shadow_of=shadow_of,
-            )
+        return _insert_row(
+            now=now, lease=lease, server=server, tool_name=tool_name, call_node_id=call_node_id,
+            arguments=arguments, ttl_ms=ttl_ms, mode=mode, lease_owner=lease_owner,
+            tenant=tenant, submission_key=submission_key or secrets.token_hex(16),
+            submission_digest=submission_digest, descriptor_version=descriptor_version,
+            path=path, shadow_of=shadow_of,
+        )
     except IntegrityError as exc:
         if submission_key is None:
             raise
@@ -230,6 +226,34 @@ def operation_submit(
     # NUL, lone surrogates, depth: a refusal naming the field, never a database error.
     json_input_check({"server": server_name, "tool": tool_name, "call_node_id": call_node_id,
                       "arguments": arguments}, field="submission")
+    owner = f"submit-{uuid.uuid4().hex[:12]}"
+    # The first commit: everything the row is decided from is read inside it, and the key check
+    # (a replay under an idempotency key) runs against the same snapshot the insert guards.
+    with transaction.atomic(durable=True):
+        server = _server_for(server_name=server_name, tenant=tenant)
+        if submission_key is not None and Operation.objects.filter(submission_key=submission_key).exists():
+            raise SubmissionKeyTaken(submission_key)
+        if not call_node_id:
+            raise SubmitRefused("a call node id is required")
+        args = dict(arguments or {})
+        mode, tool = _choose_mode(server=server, tool_name=tool_name)
+        # The canary and the rollback switch pick the executor path (issue 9).
+        route = rollout_route(server=server, tool_name=tool_name, tool=tool, call_node_id=call_node_id,
+                              mode=mode, offers_tasks=server_offers_tasks(server=server))
+        op = _create_row(
+            server=server, tool_name=tool_name, tool=tool, call_node_id=call_node_id, arguments=args,
+            ttl_ms=_ttl_for(ttl_ms=ttl_ms, mode=route.mode), mode=route.mode, lease_owner=owner,
+            path=route.path, tenant=tenant, submission_key=submission_key,
+            submission_digest=submission_digest,
+        )
+    # The send, then the second commit: the reply.
+    op = _send_and_record(op=op, server=server, owner=owner)
+    if route.shadow:
+        shadow_submit(legacy=op, server=server, tool=tool, ttl_ms=ttl_ms)
+    return op
+
+
+def _server_for(*, server_name: str, tenant: str) -> ToolServer:
     try:
         server = ToolServer.objects.get(name=server_name)
     except ToolServer.DoesNotExist as exc:
@@ -239,20 +263,13 @@ def operation_submit(
         raise ServerNotFound(f"no tool server named {server_name!r}")
     if server.status != ToolServer.Status.ENABLED:
         raise SubmitRefused(f"server {server_name!r} is {server.status}: no new submissions")
-    if not call_node_id:
-        raise SubmitRefused("a call node id is required")
-    args = dict(arguments or {})
-    mode, tool = _choose_mode(server=server, tool_name=tool_name)
-    # The canary and the rollback switch pick the executor path (issue 9).
-    route = rollout_route(server=server, tool_name=tool_name, tool=tool, call_node_id=call_node_id,
-                          mode=mode, offers_tasks=server_offers_tasks(server=server))
-    op = _submit_row(server=server, tool_name=tool_name, tool=tool, call_node_id=call_node_id,
-                     arguments=args, ttl_ms=ttl_ms, mode=route.mode, path=route.path,
-                     tenant=tenant, submission_key=submission_key,
-                     submission_digest=submission_digest)
-    if route.shadow:
-        shadow_submit(legacy=op, server=server, tool=tool, ttl_ms=ttl_ms)
-    return op
+    return server
+
+
+def _ttl_for(*, ttl_ms: int | None, mode: str) -> int | None:
+    if ttl_ms is None and mode == "task":
+        return int(settings.TOOLOPS_DEFAULT_TTL_MS)
+    return ttl_ms
 
 
 def shadow_submit(
@@ -284,16 +301,18 @@ def _submit_row(
     shadow_of: Operation | None = None, tenant: str = "", submission_key: str | None = None,
     submission_digest: str = "",
 ) -> Operation:
-    args = arguments
-    if ttl_ms is None and mode == "task":
-        ttl_ms = int(settings.TOOLOPS_DEFAULT_TTL_MS)
     owner = f"submit-{uuid.uuid4().hex[:12]}"
-    op = _create_row(
-        server=server, tool_name=tool_name, tool=tool, call_node_id=call_node_id,
-        arguments=args, ttl_ms=ttl_ms, mode=mode, lease_owner=owner, path=path,
-        shadow_of=shadow_of, tenant=tenant, submission_key=submission_key,
-        submission_digest=submission_digest,
-    )
+    with transaction.atomic(durable=True):
+        op = _create_row(
+            server=server, tool_name=tool_name, tool=tool, call_node_id=call_node_id,
+            arguments=arguments, ttl_ms=_ttl_for(ttl_ms=ttl_ms, mode=mode), mode=mode,
+            lease_owner=owner, path=path, shadow_of=shadow_of, tenant=tenant,
+            submission_key=submission_key, submission_digest=submission_digest,
+        )
+    return _send_and_record(op=op, server=server, owner=owner)
+
+
+def _send_and_record(*, op: Operation, server: ToolServer, owner: str) -> Operation:
     try:
         outcome = _send(op=op, server=server)
     except (LostResponseError, ProtocolViolationError) as exc:
@@ -303,7 +322,7 @@ def _submit_row(
         operation_transition(
             operation_id=op.id, from_state=State.SUBMITTING, to_state=State.SUBMISSION_UNKNOWN,
             execution_epoch=op.execution_epoch, lease_owner=owner,
-            updates={"lease_owner": "", "lease_expires_at": None, "next_poll_at": timezone.now()},
+            updates={**RELEASE, "next_poll_at": timezone.now()},
             event_kind="submission_unknown", event_data={"error": str(exc), "detail": exc.detail},
         )
         return Operation.objects.get(id=op.id)
@@ -316,7 +335,7 @@ def _submit_row(
             execution_epoch=op.execution_epoch, lease_owner=owner,
             # Due (op_open_row_scheduled) until the next transition: should it fail, the
             # resolution pass looks the key up and finds nothing.
-            updates={"lease_owner": "", "lease_expires_at": None, "next_poll_at": timezone.now()},
+            updates={**RELEASE, "next_poll_at": timezone.now()},
             event_kind="submit_refused_by_server",
             event_data={"error": str(exc), "type": type(exc).__name__, "detail": exc.detail},
         )
@@ -329,12 +348,13 @@ def _submit_row(
         return Operation.objects.get(id=op.id)
 
     if isinstance(outcome, FetchedResult):
-        operation_complete_sync(operation_id=op.id, lease_owner=owner, result=outcome)
+        operation_complete_sync(operation_id=op.id, lease_owner=owner, result=outcome, op=op)
         return Operation.objects.get(id=op.id)
     if outcome.task is None:
         # The server ignored `task` and answered synchronously.
         assert outcome.sync_result is not None
-        operation_complete_sync(operation_id=op.id, lease_owner=owner, result=outcome.sync_result)
+        operation_complete_sync(operation_id=op.id, lease_owner=owner, result=outcome.sync_result,
+                                op=op)
         return Operation.objects.get(id=op.id)
 
     task = outcome.task
@@ -358,13 +378,11 @@ def _submit_row(
 
 def _record_task_reply(*, op: Operation, owner: str, task: RemoteTask) -> Operation:
     now = timezone.now()
-    if task.status in ("completed", "failed", "cancelled"):
-        operation_record_terminal_seen(
-            operation_id=op.id, from_state=State.SUBMITTING, lease_owner=owner, task=task,
-            remote_id=task.remote_id,
-        )
-        # Done on create (AIP-151 allows it): fetch and accept now, still under our lease.
-        operation_fetch_and_accept(operation_id=op.id, lease_owner=owner)
+    if task.status in TerminalStatus.values:
+        # Done on create (AIP-151 allows it): fetch, then status, result and receipt in one
+        # transaction, still under our lease.
+        operation_settle_terminal(op=op, lease_owner=owner, task=task, from_state=State.SUBMITTING,
+                                  remote_id=task.remote_id)
         return Operation.objects.get(id=op.id)
     fields = task_schedule_fields(op=op, task=task, now=now)
     if task.status == "input_required":
@@ -372,17 +390,19 @@ def _record_task_reply(*, op: Operation, owner: str, task: RemoteTask) -> Operat
         # read yet, the row is WORKING and due now, and the poll opens the round.
         if operation_open_round_on_create(op=op, lease_owner=owner, task=task, fields=fields):
             return Operation.objects.get(id=op.id)
-        fields["next_poll_at"] = timezone.now()
+        fields["next_poll_at"] = now
+    to_state = State.WORKING
+    updates = {"remote_id": task.remote_id, **fields, **RELEASE}
     operation_transition(
-        operation_id=op.id, from_state=State.SUBMITTING, to_state=State.WORKING,
-        execution_epoch=op.execution_epoch, lease_owner=owner,
-        updates={
-            "remote_id": task.remote_id,
-            **fields,
-            "lease_owner": "",
-            "lease_expires_at": None,
-        },
+        operation_id=op.id, from_state=State.SUBMITTING, to_state=to_state,
+        execution_epoch=op.execution_epoch, lease_owner=owner, updates=updates,
         event_kind="submitted",
         event_data={"remote_id": task.remote_id, "reply": task.raw},
+        known={"cancel_generation": op.cancel_generation},
     )
-    return Operation.objects.get(id=op.id)
+    # The row as written (the guarded UPDATE matched it): no read back.
+    for name, value in updates.items():
+        setattr(op, name, value)
+    op.state = to_state
+    op.updated_at = now
+    return op

@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from ledger.states import TerminalStatus
 from toolops.simulation.plan import SeriesPlan
 
 PROTOCOL = "2025-11-25"
@@ -31,7 +32,7 @@ RELATED = "io.modelcontextprotocol/related-task"
 TOOL = "sim_work"
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 INVALID_PARAMS = -32602
-TERMINAL = frozenset({"completed", "failed", "cancelled"})
+TERMINAL = frozenset(TerminalStatus.values)
 
 
 @dataclass

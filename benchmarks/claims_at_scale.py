@@ -1,0 +1,131 @@
+"""Benchmark (not a test): dispatcher claims at scale, while leased rows accumulate.
+
+Loads `--rows` open WORKING rows, all due, with one `INSERT ... SELECT generate_series` (seconds
+for 1M rows), then claims `--batch` rows at a time, `--claims` times, never releasing a lease (the
+worst case: every claimed row is still in flight). Prints ms per claim, and the same run with the
+claim of earlier releases (`--mode legacy`: leases without moving `next_poll_at`, so every later
+claim scans past the rows already leased).
+
+Run against a scratch PostgreSQL database (it is emptied first):
+    DATABASE_URL=postgres://root@127.0.0.1:5432/toolops_claims_<you> .venv/bin/python manage.py migrate -v0
+    DATABASE_URL=postgres://root@127.0.0.1:5432/toolops_claims_<you> \\
+        .venv/bin/python benchmarks/claims_at_scale.py --rows 1000000 --batch 1000 --claims 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+import django
+
+django.setup()
+
+from django.db import connection, transaction  # noqa: E402
+from django.db.models import F, Q  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from ledger.models import Operation, ToolServer  # noqa: E402
+from toolops.services.dispatch import CLAIMABLE, operations_claim_due  # noqa: E402
+
+
+def _load(*, rows: int) -> None:
+    with connection.cursor() as cur:
+        cur.execute("TRUNCATE ledger_operationevent, ledger_operation, ledger_toolserver CASCADE")
+    server = ToolServer.objects.create(name="claims-bench", url="http://127.0.0.1:1/mcp",
+                                       adapter_version="mcp-tasks/2025-11-25")
+    started = time.monotonic()
+    with connection.cursor() as cur:
+        # Every NOT NULL column Django fills from a Python default, given here in SQL; due times
+        # spread over the last ten minutes so the claim's ORDER BY has work to do.
+        cur.execute(
+            """
+            INSERT INTO ledger_operation (
+                id, call_node_id, server_id, tool_name, descriptor_version, request_digest, body,
+                adapter_version, execution_mode, submission_key, tenant, submission_digest,
+                remote_id, state, server_state, server_status_message, next_poll_at,
+                poll_attempts, observation_seq, lease_owner, lease_expires_at, input_round,
+                cancel_generation, execution_epoch, executor_path, shadow, terminal_status,
+                result_kind, result_digest, created_at, updated_at, polls_count,
+                poll_errors_in_row)
+            SELECT md5(i::text || 'op')::uuid, 'node-' || i, %s, 'work', 'sha256:d', 'sha256:r',
+                   '{}'::jsonb, 'mcp-tasks/2025-11-25', 'task', md5(i::text), '', '',
+                   'task-' || i, 'WORKING', 'working', '',
+                   now() - (random() * interval '10 minutes'),
+                   0, 0, '', NULL, 0, 0, 1, 'tasks', false, '', '', '', now(), now(), 0, 0
+            FROM generate_series(1, %s) AS i
+            """,
+            [server.pk, rows],
+        )
+        cur.execute("ANALYZE ledger_operation")
+    print(json.dumps({"loaded_rows": rows, "load_s": round(time.monotonic() - started, 2)}), flush=True)
+
+
+def _legacy_claim(*, owner: str, limit: int) -> list[uuid.UUID]:
+    """The claim as it was: leases without moving next_poll_at (kept here only to compare)."""
+    now = timezone.now()
+    with transaction.atomic():
+        ids = list(
+            Operation.objects.select_for_update(skip_locked=True)
+            .filter(state__in=CLAIMABLE, next_poll_at__lte=now)
+            .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
+            .order_by("next_poll_at").values_list("id", flat=True)[:limit]
+        )
+        Operation.objects.filter(id__in=ids).update(
+            lease_owner=owner, lease_expires_at=now + timedelta(seconds=600),
+            poll_attempts=F("poll_attempts") + 1)
+    return ids
+
+
+def _run(*, mode: str, batch: int, claims: int) -> dict[str, object]:
+    timings = []
+    for i in range(claims):
+        owner = f"bench-{mode}-{i}"
+        started = time.perf_counter()
+        ids = (operations_claim_due(owner=owner, limit=batch) if mode == "current"
+               else _legacy_claim(owner=owner, limit=batch))
+        timings.append((time.perf_counter() - started) * 1000)
+        if len(ids) < batch:
+            break
+    quarter = max(len(timings) // 4, 1)
+    return {
+        "mode": mode, "claims": len(timings), "batch": batch,
+        "leased_at_end": len(timings) * batch,
+        "ms_first_quarter_median": round(statistics.median(timings[:quarter]), 2),
+        "ms_last_quarter_median": round(statistics.median(timings[-quarter:]), 2),
+        "ms_max": round(max(timings), 2),
+        "ms_per_claim": [round(t, 1) for t in timings],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--claims", type=int, default=100)
+    parser.add_argument("--mode", choices=["current", "legacy", "both"], default="both")
+    args = parser.parse_args()
+    if connection.vendor != "postgresql":
+        raise SystemExit("claims_at_scale needs PostgreSQL (SKIP LOCKED, generate_series)")
+    # A lease long enough that no claimed row becomes due again during the run.
+    from django.conf import settings
+
+    settings.TOOLOPS_LEASE_SECONDS = 600.0
+    for mode in (["current", "legacy"] if args.mode == "both" else [args.mode]):
+        _load(rows=args.rows)
+        print(json.dumps(_run(mode=mode, batch=args.batch, claims=args.claims)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""What acceptance and the shadow record share: the identity checks, the choice of the final
+state, and the one guarded write of it.
+
+Both settle a row under its lock (select_for_update in a durable transaction), so the final state
+goes through `operation_transition` like every other state change: the state table, and an UPDATE
+whose row count is checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from django.utils import timezone
+
+from ledger.errors import AcceptanceRefused
+from ledger.models import Operation
+from ledger.services.transitions import RELEASE, operation_transition
+from ledger.states import State, TerminalStatus
+
+
+def claim_check(field: str, expected: Any, claimed: Any) -> None:
+    if expected != claimed:
+        raise AcceptanceRefused(
+            f"{field} mismatch: ledger has {expected!r}, claim has {claimed!r}", field=field
+        )
+
+
+def final_state_for(*, op: Operation, terminal_status: str) -> State:
+    """A confirmed cancel is accepted straight from CANCEL_REQUESTED; everything else only after
+    the result was fetched and digested (FETCHING_RESULT with a stored digest)."""
+    if op.state == State.CANCEL_REQUESTED and terminal_status == TerminalStatus.CANCELLED:
+        return State.CANCELLED_ACCEPTED
+    if op.state == State.FETCHING_RESULT:
+        claim_check("terminal_status", op.terminal_status, terminal_status)
+        if not op.result_digest:
+            raise AcceptanceRefused("result was not fetched and digested", field="result_digest")
+        return State.ACCEPTED
+    raise AcceptanceRefused(f"state {op.state} cannot be accepted", field="state")
+
+
+def operation_finalize_locked(
+    *, op: Operation, final_state: State, terminal_status: str, event_kind: str,
+    event_data: Mapping[str, Any],
+) -> None:
+    """Write the final state of a locked row (guarded; a mismatch raises IllegalTransition)."""
+    operation_transition(
+        operation_id=op.id, from_state=op.state, to_state=final_state,
+        execution_epoch=op.execution_epoch, cancel_generation=op.cancel_generation,
+        updates={"terminal_status": terminal_status, "next_poll_at": None, **RELEASE},
+        event_kind=event_kind, event_data=event_data,
+        known={"cancel_generation": op.cancel_generation, "server_state": op.server_state},
+    )
+    op.state = final_state
+    op.terminal_status = terminal_status
+    op.next_poll_at = None
+    op.lease_owner = ""
+    op.lease_expires_at = None
+    op.updated_at = timezone.now()
