@@ -68,7 +68,9 @@ def _create_reply(adapter: str) -> list[Cell]:
 def _status_read(adapter: str, position: str) -> list[Cell]:
     """A status read of a running task (`tasks/get`, AIP-151 `GetOperation`, a list entry)."""
     return [
-        Cell(adapter, position, "working", S.WORKING, None, "observed"),
+        # Unchanged (same status, message and progress): no event row, the row's poll counter
+        # (`polls_count`); a changed message or progress is an `observed` event.
+        Cell(adapter, position, "working", S.WORKING, None, "polls_count"),
         Cell(adapter, position, "input_required", S.WORKING, S.INPUT_REQUIRED,
              "input_round_opened"),
         Cell(adapter, position, "completed", S.WORKING, S.TERMINAL_OBSERVED, "terminal_observed"),

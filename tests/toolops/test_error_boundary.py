@@ -25,7 +25,7 @@ from tests.ledger.factories import OperationFactory
 from tests.peers.fault_transport import FaultTransport, Rule
 from tests.peers.launch import peer_stats
 from toolops import runner
-from toolops.services import boundary
+from toolops.services import boundary, db_retry
 from toolops.services.connections import adapter_for_server
 from toolops.services.dispatch import operations_claim_due
 from toolops.services.gate import gate_report
@@ -199,7 +199,7 @@ def test_a_crash_that_cannot_be_recorded_leaves_the_lease_which_is_reclaimed(
 
     monkeypatch.setattr("toolops.services.observe.operation_poll", crash)
     monkeypatch.setattr(boundary, "_record_crash", db_down)
-    monkeypatch.setattr(boundary, "RECORD_BACKOFF_SECONDS", (0.01,))
+    monkeypatch.setattr(db_retry, "RECORD_BACKOFF_SECONDS", (0.01,))
     owner = "test-worker"
     assert operations_claim_due(owner=owner) == [op.id]
     assert boundary.operation_poll_guarded(operation_id=op.id, lease_owner=owner) == \
@@ -291,7 +291,7 @@ def test_a_reply_write_that_fails_for_a_moment_is_retried(server: ToolServer, mc
 
 def test_a_reply_that_cannot_be_written_raises_a_typed_error_and_keeps_the_remote_id(
         server: ToolServer, mcp_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(boundary, "RECORD_BACKOFF_SECONDS", (0.05,))
+    monkeypatch.setattr(db_retry, "RECORD_BACKOFF_SECONDS", (0.05,))
     node = f"eb-{uuid.uuid4().hex[:10]}"
     with pg_trigger(table="ledger_operation", errcode="08006", message="server closed",
                     when="NEW.remote_id <> '' AND OLD.remote_id = ''"), \
