@@ -17,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 from adapters import limits
 from adapters.decode import json_check, text
 
-# What an adapter can do to resolve a submission whose answer was lost (design.md section 5).
+# What an adapter can do to resolve a submission whose answer was lost (docs/protocols.md).
 # Which of them a given server allows is decided per server from its negotiated capabilities
 # (`key_resolution_modes`), since the same adapter talks to cooperating and plain servers.
 KEY_LOOKUP = "key_lookup"  # server answers "which task has this key?"; a miss fences the key: PROOF

@@ -1,4 +1,4 @@
-"""Finding a task after a lost create answer (Shape A adapter part; design.md section 5, Submit).
+"""Finding a task after a lost create answer (Shape A adapter part; docs/protocols.md).
 
 Nothing in MCP offers this (mcp-tasks.md section 5 point 1), so it rests on what a server declares.
 PROOF: a cooperating server's key lookup (a hit, or a miss that fences the key) and its tools/call

@@ -1,7 +1,7 @@
 """Adapter selection by the `adapter_version` stored on a ledger row.
 
 The version on the row, not the server URL, picks the code: two shapes may share a URL
-and similar fields while meaning different things (design.md section 6).
+and similar fields while meaning different things (docs/protocols.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Cancel confirmation latency against the reference MCP server (design.md section 10, the gate).
+"""Cancel confirmation latency against the reference MCP server (a gate figure).
 
 For each of N operations: submit a long `sleep_then_complete` task, then `operation_cancel` it.
 The figure is the one acceptance stores in the ledger: `cancel_confirmation_ms` on the `accepted`

@@ -1,4 +1,4 @@
-"""A rollback run with rows in flight, against the reference MCP server (issue 9).
+"""A rollback run with rows in flight, against the reference MCP server .
 
 1. N long calls are submitted on the tasks path (`sleep_then_complete`, a few seconds each);
    a read-only dual tool (`read_value`) runs with a canary share and shadow on, so both paths and

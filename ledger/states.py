@@ -1,4 +1,4 @@
-"""Local states and the one state table (design.md section 4).
+"""Local states and the one state table (docs/state-table.md explains each move).
 
 Local states are ours; the server's status is stored verbatim in `Operation.server_state` and is
 never renamed into one of these.
@@ -28,7 +28,7 @@ S = State
 
 # The state table: from-state -> the states it may move to. Anything absent is illegal.
 #
-# Beyond design.md's diagram:
+# Beyond the basic lifecycle:
 # - SUBMITTING -> TERMINAL_OBSERVED: a synchronous fallback call (or a create reply that is already
 #   terminal) hands us the terminal result with the submit answer itself.
 # - SUBMITTING -> INPUT_REQUIRED: a create reply may carry any task status; one that is already

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 
 def _sync_rows_are_legacy(apps, schema_editor):
-    # Rows created before issue 9 in sync mode ran on the legacy (synchronous) path.
+    # Rows created before executor paths existed, in sync mode, ran on the legacy (synchronous) path.
     apps.get_model("ledger", "Operation").objects.filter(execution_mode="sync").update(
         executor_path="legacy"
     )

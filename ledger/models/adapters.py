@@ -6,7 +6,7 @@ from django.db import models
 
 
 class AdapterState(models.Model):
-    """The rollout status of one adapter version (design.md section 6).
+    """The rollout status of one adapter version (docs/architecture.md).
 
     `adapter_version` on an operation picks its code path for its whole life; this row only
     decides whether NEW operations may be created with that version. A version without a row

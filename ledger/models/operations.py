@@ -1,4 +1,4 @@
-"""`toolOperation.v1` (design.md section 3) and its append-only event series."""
+"""`toolOperation.v1` (docs/architecture.md) and its append-only event series."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ class Operation(models.Model):
     input_round = models.PositiveIntegerField(default=0)
     cancel_generation = models.PositiveIntegerField(default=0)
     execution_epoch = models.PositiveIntegerField(default=1)
-    # Which executor owns the row (issue 9): "legacy" (the synchronous path, and after a rollback
+    # Which executor owns the row: "legacy" (the synchronous path, and after a rollback
     # the continuation of task rows it inherited) or "tasks" (the task adapter path). A rollback
     # moves in-flight rows between the two and bumps execution_epoch in the same UPDATE.
     executor_path = models.CharField(max_length=8, default="tasks")
@@ -102,7 +102,7 @@ class Operation(models.Model):
             # At most one live attempt per call node, whatever its epoch. Only NOT_FOUND_SAFE
             # (proof that nothing was created) frees the call node for a new attempt; an
             # abandoned or unresolved one keeps it, because its remote work may still exist.
-            # Not per epoch (issue 9): a rollback bumps a row's epoch, and a second attempt at the
+            # Not per epoch: a rollback bumps a row's epoch, and a second attempt at the
             # old epoch would then be a second remote operation and a second receipt slot.
             # Shadow rows are not attempts of the call node (they never get a receipt).
             models.UniqueConstraint(

@@ -1,4 +1,4 @@
-"""Rollout (issue 9, design.md section 7): canary share, shadow switch, rollback audit, shadow comparisons."""
+"""Rollout: canary share, shadow switch, rollback audit, shadow comparisons."""
 
 from __future__ import annotations
 

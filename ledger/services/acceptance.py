@@ -44,7 +44,7 @@ def _accept_locked(
     if op is None:
         raise OperationNotFound(str(operation_id))
     if op.shadow:
-        # Shadow rows never take a receipt slot and never reach the outbox (issue 9): they are
+        # Shadow rows never take a receipt slot and never reach the outbox: they are
         # settled by ledger.services.shadow.operation_accept_shadow_terminal.
         raise AcceptanceRefused("a shadow operation never gets a receipt", field="shadow")
 

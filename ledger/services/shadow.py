@@ -1,4 +1,4 @@
-"""Shadow terminal records and their comparison with the legacy call (issue 9).
+"""Shadow terminal records and their comparison with the legacy call.
 
 A shadow operation reaches its own terminal state but never a TerminalReceipt or an OutboxEvent:
 `operation_accept_shadow_terminal` writes a ShadowComparison instead, in the same durable shape

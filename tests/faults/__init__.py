@@ -1,1 +1,1 @@
-"""Issue 7: every named fault through one scriptable layer and one invariant check."""
+"""Every named fault through one scriptable layer and one invariant check."""

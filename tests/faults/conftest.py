@@ -88,7 +88,7 @@ def kinds(op: Operation) -> list[str]:
 
 
 def assert_invariants(*, mcp_url: str, ops: Sequence[Operation]) -> None:
-    """The five invariants of issue 7, for the operations of one test."""
+    """The five ledger invariants, for the operations of one test."""
     stats = peer_stats(mcp_url)
     for op in ops:
         row = Operation.objects.get(id=op.id)

@@ -1,4 +1,4 @@
-"""Issue 7, cases 1-5: each named fault injected by the scriptable layer
+"""Fault cases 1-5: each named fault injected by the scriptable layer
 (tests/peers/fault_transport.py) in the real HTTP path in front of the reference SDK server,
 with the ledger on PostgreSQL, then the same five invariants (conftest.assert_invariants).
 Cases 6-10 are in test_fault_cases_more.py."""

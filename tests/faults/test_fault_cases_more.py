@@ -1,4 +1,4 @@
-"""Issue 7, cases 6-10 (cases 1-5: test_fault_cases.py): each fault injected by the scriptable
+"""Fault cases 6-10 (cases 1-5: test_fault_cases.py): each fault injected by the scriptable
 layer in the real HTTP path in front of the reference SDK server, ledger on PostgreSQL, then the
 same five invariants (conftest.assert_invariants)."""
 

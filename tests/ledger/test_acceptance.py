@@ -184,7 +184,7 @@ def test_eight_threads_with_mismatched_claims_are_all_refused(field: str, value:
 
 @pytest.mark.django_db(transaction=True)
 def test_two_operations_of_one_call_node_cannot_both_be_accepted() -> None:
-    """Two live attempts of one call node and epoch cannot even exist (issue 4 constraint), so two
+    """Two live attempts of one call node and epoch cannot even exist (a database constraint), so two
     receipts are impossible; the receipt constraint stays as the backstop behind it."""
     first = _fetched_op(call_node_id="node-x")
     with pytest.raises(IntegrityError), transaction.atomic():

@@ -19,7 +19,7 @@ ILLEGAL = [(s, d) for s, d in ALL_PAIRS if d not in TRANSITIONS[s]]
 def test_table_covers_every_state_and_matches_design() -> None:
     assert set(TRANSITIONS) == set(State)
     assert {State.ACCEPTED, State.CANCELLED_ACCEPTED, State.NOT_FOUND_SAFE} <= ABSORBING
-    # design.md section 4, edge by edge
+    # docs/state-table.md, edge by edge
     for src, dst in [
         ("SUBMITTING", "WORKING"), ("WORKING", "INPUT_REQUIRED"), ("INPUT_REQUIRED", "WORKING"),
         ("SUBMITTING", "SUBMISSION_UNKNOWN"), ("SUBMISSION_UNKNOWN", "WORKING"),

@@ -4,7 +4,7 @@ Everything not injected goes over real HTTP to the peer. Used to make the server
 (with or without Retry-After) to chosen JSON-RPC methods, and to delay one reply so that two
 pollers' answers arrive out of order. Importable without Django.
 
-`script(Rule(...))` is the scriptable layer (issue 7): a rule matches on JSON-RPC method and/or
+`script(Rule(...))` is the scriptable layer: a rule matches on JSON-RPC method and/or
 task id and the n-th matching request, and acts on it: drop the answer after the server processed
 the request, truncate the body, replace the status (429/503 + Retry-After), delay, rewrite the
 reply JSON, or hold the reply until the test releases it. Rules are checked in order; the first

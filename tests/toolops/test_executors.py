@@ -1,4 +1,4 @@
-"""Executor paths and execution epochs (issue 9): which path owns a row, and how a worker or a
+"""Executor paths and execution epochs: which path owns a row, and how a worker or a
 claim of an older epoch is refused and recorded. Real transactions and threads on PostgreSQL."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each case runs over real HTTP against the shape's reference server: the FastMCP +
 fastmcp-tasks peer (Shape B) and the in-repo AIP-151 fake. Cases the executor does not own
-yet (input rounds, cancel flow: issue 3; submission-unknown resolution: issue 4) are
+yet (input rounds and the cancel flow; submission-unknown resolution) are
 measured at the adapter level in tests/adapters/.
 """
 

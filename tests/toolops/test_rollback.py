@@ -1,4 +1,4 @@
-"""Rollback with rows in flight (issue 9): stale workers refused, one receipt per row, and zero
+"""Rollback with rows in flight: stale workers refused, one receipt per row, and zero
 second remote operations, counted on the reference SDK server itself."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Canary share and shadow operations (issue 9) against the reference SDK server."""
+"""Canary share and shadow operations against the reference SDK server."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rollout pages (issue 9): read-only views of the canary/shadow settings, the audit trail of
+"""Rollout pages: read-only views of the canary/shadow settings, the audit trail of
 rollbacks and roll-forwards, and the shadow comparisons. Changes go through the CLI services
 (`toolops rollout`, `toolops rollback`), which record who and why; admin never edits them."""
 

@@ -71,7 +71,7 @@ TOOLS: dict[str, types.Tool] = {
             inputSchema=_schema({"value": {"type": "string"}}, ["value"]),
         ),
         # Optional task support: callable synchronously (within a published bound) or as a task,
-        # so the same call can take the legacy or the new path (issue 9 canary and shadow).
+        # so the same call can take the legacy or the new path (the canary and shadow rollout).
         types.Tool(
             name="read_value",
             description="Sleep `seconds`, then return `value`. Reads only: no side effects.",

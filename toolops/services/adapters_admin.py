@@ -1,4 +1,4 @@
-"""Adapter versions: enabled, draining or disabled (design.md sections 6 and 7).
+"""Adapter versions: enabled, draining or disabled (docs/architecture.md).
 
 `adapter_version` on an operation picks its code path for the row's whole life; the status
 here only governs NEW submissions:

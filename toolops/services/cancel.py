@@ -1,4 +1,4 @@
-"""Cancel as a request (design.md section 5, Cancel; mcp-tasks.md section 2.6).
+"""Cancel as a request (docs/state-table.md, docs/protocols.md).
 
 A cancel is a request, never a local verdict. `operation_cancel` commits CANCEL_REQUESTED with a
 bumped cancel generation before anything is sent, then sends `tasks/cancel`:

@@ -1,4 +1,4 @@
-"""The two executor paths and the execution epoch that says which one owns a row (issue 9).
+"""The two executor paths and the execution epoch that says which one owns a row.
 
 * legacy: the synchronous call within the tool's published upper bound (`execution_mode="sync"`),
   made and finished by the caller's own process; after a rollback it also continues the task rows

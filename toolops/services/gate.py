@@ -61,7 +61,7 @@ from ledger.states import OPEN, State, TerminalStatus
 from toolops.services.dispatch import CLAIMABLE
 from toolops.services.poll_report import poll_report_servers
 
-# The thresholds the issue sets (design.md section 12's release criteria).
+# The release thresholds: what must hold before a build ships (README, the gate).
 DIVERGENCE_MAX = 0
 DUPLICATES_MAX = 0
 # Peak requests in one second over the configured QPS: at most the cap itself.

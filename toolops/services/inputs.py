@@ -1,4 +1,4 @@
-"""Input rounds through a human gate (design.md section 5, Input; mcp-tasks.md section 2.5).
+"""Input rounds through a human gate (docs/protocols.md; across processes: docs/conformance.md).
 
 `input_required` pauses polling. The server's pending request is read through the adapter (for
 2025-11-25 it arrives once, on an open `tasks/result` stream) and persisted at once as the

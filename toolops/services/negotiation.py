@@ -1,6 +1,6 @@
 """Which protocol shape a server speaks, and whether it offers tasks at all.
 
-`--adapter auto` tries, in order (issue 6, design.md section 6):
+`--adapter auto` tries, in order (docs/protocols.md):
 1. the tasks extension on 2026-07-28 (`server/discover` listing io.modelcontextprotocol/tasks);
 2. MCP 2025-11-25 core tasks (`initialize` with tasks.requests.tools.call);
 3. synchronous calls only, within each tool's published bound (`--sync-bounds`), using the

@@ -57,7 +57,7 @@ _MAYBE_STALE = frozenset({"stale_observation", "stale_lease", "acceptance_refuse
 def operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
     """Poll one leased row. Returns a short outcome label (for logs and the runner).
 
-    A worker of an older execution epoch (issue 9: a rollback moved the row to the other
+    A worker of an older execution epoch (a rollback moved the row to the other
     executor) is refused and the refusal recorded, whether it arrives late or is caught mid-poll.
     """
     op = Operation.objects.select_related("server").filter(id=operation_id).first()

@@ -1,6 +1,6 @@
 """What the executor can prove when a task is missing: submission-unknown resolution and 404s.
 
-Submission unknown (design.md section 5, Submit): the create answer was lost, so the request may or
+Submission unknown (docs/state-table.md): the create answer was lost, so the request may or
 may not have created a task. Resolution asks the server by the submission key with what the
 adapter offers for this server (`key_resolution_modes`):
 * KEY_LOOKUP / KEY_DEDUP_RESEND: PROOF. A task returned is the one created for this key (WORKING);

@@ -1,4 +1,4 @@
-"""Canary selection, shadow eligibility, and moving rows between executors (issue 9).
+"""Canary selection, shadow eligibility, and moving rows between executors.
 
 Lock order (every writer here and in submit): the RolloutConfig rows of the server first, then
 operation rows. A submit that chose the tasks path re-checks its config row under that lock in

@@ -237,7 +237,7 @@ def operation_submit(
             raise SubmitRefused("a call node id is required")
         args = dict(arguments or {})
         mode, tool = _choose_mode(server=server, tool_name=tool_name)
-        # The canary and the rollback switch pick the executor path (issue 9).
+        # The canary and the rollback switch pick the executor path.
         route = rollout_route(server=server, tool_name=tool_name, tool=tool, call_node_id=call_node_id,
                               mode=mode, offers_tasks=server_offers_tasks(server=server))
         op = _create_row(

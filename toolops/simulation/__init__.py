@@ -1,1 +1,1 @@
-"""Issue 7: a seeded, virtual-time simulation of many call nodes through the real services."""
+"""A seeded, virtual-time simulation of many call nodes through the real services."""
