@@ -10,6 +10,8 @@ from pathlib import Path
 from toolops.reference_server.launch import (
     STARTUP_TIMEOUT_S,
     _base_url,
+    _free_port,
+    _stop,
     peer_lookup,
     peer_reset,
     peer_stats,
@@ -24,6 +26,8 @@ __all__ = [
     "REPO_ROOT",
     "STARTUP_TIMEOUT_S",
     "_base_url",
+    "_free_port",
+    "_stop",
     "peer_lookup",
     "peer_reset",
     "peer_stats",
