@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_submit_run_show_contract(cli, mcp_url: str) -> None:  # type: ignore[no-untyped-def]

@@ -32,7 +32,7 @@ from toolops.services.adapters_admin import (
 from toolops.services.servers import server_add
 from toolops.services.submit import operation_submit
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXT = "mcp-tasks-ext/2026-07-28"
 AIP = "aip-151/v1"
 

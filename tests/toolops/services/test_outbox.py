@@ -111,7 +111,7 @@ def test_default_handler_is_a_django_signal() -> None:
 
 def test_handler_by_dotted_path_from_settings() -> None:
     accepted_operation()
-    with override_settings(TOOLOPS_OUTBOX_HANDLER="tests.toolops.test_outbox.always_fails"):
+    with override_settings(TOOLOPS_OUTBOX_HANDLER="tests.toolops.services.test_outbox.always_fails"):
         stats = outbox_relay()
     assert stats.failed == 1 and stats.published == 0
 
@@ -155,7 +155,7 @@ def test_management_command_runs_one_relay_pass() -> None:
     accepted_operation()
     accepted_operation()
     out = io.StringIO()
-    call_command("toolops_outbox", "--handler", "tests.toolops.test_outbox.always_fails", stdout=out)
+    call_command("toolops_outbox", "--handler", "tests.toolops.services.test_outbox.always_fails", stdout=out)
     assert jsonlib.loads(out.getvalue())["failed"] == 2
     out = io.StringIO()
     call_command("toolops_outbox", stdout=out)  # default handler (signal) after the backoff:
