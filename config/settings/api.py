@@ -57,7 +57,8 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     # Default hooks, then the links between operations (toolops/rest/schema_links.py).
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
-                             "toolops.rest.schema_links.schema_add_links"],
+                             "toolops.rest.schema_links.schema_add_links",
+                             "toolops.rest.schema_links.schema_add_error_responses"],
 }
 
 # --- Structured JSON logs (toolops/logging.py): operation identity on every line, redacted ---

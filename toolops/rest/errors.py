@@ -9,7 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
 from ledger.errors import LedgerError
-from toolops.errors import ServerNotFound, SubmissionKeyTaken, ToolopsError
+from toolops.errors import LedgerUnavailable, ServerNotFound, SubmissionKeyTaken, ToolopsError
 from toolops.python_api import OperationNotVisible
 from toolops.services.cancel import CancelRefused
 from toolops.services.idempotency import IdempotencyInProgress, IdempotencyMismatch
@@ -29,6 +29,8 @@ STATUS_BY_ERROR: tuple[tuple[type[Exception], int], ...] = (
     (CancelRefused, status.HTTP_409_CONFLICT),
     (InputAnswerRefused, status.HTTP_409_CONFLICT),
     (AlreadyResolved, status.HTTP_409_CONFLICT),
+    # The database was away: the caller retries with the same Idempotency-Key.
+    (LedgerUnavailable, status.HTTP_503_SERVICE_UNAVAILABLE),
     (ServerNotFound, status.HTTP_400_BAD_REQUEST),
     (ToolopsError, status.HTTP_400_BAD_REQUEST),
     # A guarded write lost its race or the state table refused it: the state moved on.

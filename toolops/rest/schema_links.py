@@ -51,3 +51,38 @@ def schema_add_links(result: dict[str, Any], generator: Any, request: Any, publi
             if op_id:
                 out[name] = {"operationId": op_id, "parameters": dict(parameters)}
     return result
+
+
+# Every endpoint can refuse the caller: documented once here, so Swagger UI and Redoc show a 401
+# or 403 as a described answer with its body rather than as "Undocumented".
+ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "detail": {"type": "string", "description": "one line saying why"},
+        "error": {"type": "string", "description": "the refusal's type, when it has one"},
+    },
+    "required": ["detail"],
+}
+COMMON_ERRORS = {
+    "401": "No credentials, or credentials that are not valid (send `Authorization: Token <key>`).",
+    "403": ("Authenticated, but not allowed: no membership in an organisation, or the action needs "
+            "a permission or organisation role the caller lacks (README, Security)."),
+}
+
+
+def schema_add_error_responses(result: dict[str, Any], generator: Any, request: Any,
+                               public: bool) -> dict[str, Any]:
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    schemas.setdefault("Error", ERROR_SCHEMA)
+    for path, methods in result.get("paths", {}).items():
+        if not path.startswith("/api/") or path.startswith("/api/schema"):
+            continue
+        for operation in methods.values():
+            if not isinstance(operation, dict) or "responses" not in operation:
+                continue
+            for status, description in COMMON_ERRORS.items():
+                operation["responses"].setdefault(status, {
+                    "description": description,
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+                })
+    return result

@@ -71,7 +71,7 @@ def _lease_owner() -> str:
     return f"cancel-{uuid.uuid4().hex[:12]}"
 
 
-def _request_cancel(*, operation_id: uuid.UUID, owner: str) -> Operation:
+def _request_cancel(*, operation_id: uuid.UUID, owner: str, requested_by: str = "") -> Operation:
     """Lock, bump the generation, move to CANCEL_REQUESTED and take the lease; commit."""
     now = timezone.now()
     lease_s = float(settings.TOOLOPS_LEASE_SECONDS)
@@ -95,7 +95,7 @@ def _request_cancel(*, operation_id: uuid.UUID, owner: str) -> Operation:
                          "next_poll_at": now + timedelta(seconds=lease_s)},
                 event_kind="cancel_requested",
                 event_data={"requested_at": now.isoformat(), "cancel_generation": generation,
-                            "from_state": op.state},
+                            "from_state": op.state, "requested_by": requested_by},
             )
     if refused_state:
         # Recorded outside the locking transaction so the refusal survives it.
@@ -118,7 +118,8 @@ def operation_cancel(*, operation_id: uuid.UUID, actor: Actor | str = SYSTEM) ->
     """
     permission_require(actor=actor, action=Action.CANCEL, tenant=operation_tenant(operation_id))
     owner = _lease_owner()
-    op = _request_cancel(operation_id=operation_id, owner=owner)
+    who = actor.name if isinstance(actor, Actor) else str(actor)
+    op = _request_cancel(operation_id=operation_id, owner=owner, requested_by=who)
     return _send_cancel(op=op, owner=owner)
 
 

@@ -27,7 +27,7 @@ from ledger.models import Operation
 from ledger.services.events import operation_record_event
 from ledger.services.transitions import operation_transition
 from ledger.states import TRANSITIONS, State
-from toolops.errors import ToolopsError
+from toolops.errors import LedgerUnavailable
 from toolops.services.db_retry import db_connection_reopen, db_write_retrying, exception_redacted
 
 logger = logging.getLogger("toolops.remote_ids")
@@ -38,7 +38,7 @@ REMOTE_ID_COLLISION = "remote_id_collision"
 SEEN_EVIDENCE_SECONDS = 10.0
 
 
-class SubmitReplyUnrecorded(ToolopsError):
+class SubmitReplyUnrecorded(LedgerUnavailable):
     """The server accepted the call but its reply could not be written to the ledger."""
 
 

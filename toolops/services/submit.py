@@ -7,16 +7,18 @@ new key.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import secrets
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from adapters import (
@@ -33,7 +35,7 @@ from ledger.models import Operation, ToolServer
 from ledger.services.events import event_append_locked
 from ledger.services.transitions import RELEASE, operation_transition
 from ledger.states import State, TerminalStatus
-from toolops.errors import ServerNotFound, SubmissionKeyTaken, SubmitRefused
+from toolops.errors import LedgerUnavailable, ServerNotFound, SubmissionKeyTaken, SubmitRefused
 from toolops.services.adapters_admin import adapter_assert_accepting
 from toolops.services.connections import RateLimited, server_call
 from toolops.services.executors import TASKS, operation_refuse_stale
@@ -229,7 +231,7 @@ def operation_submit(
     owner = f"submit-{uuid.uuid4().hex[:12]}"
     # The first commit: everything the row is decided from is read inside it, and the key check
     # (a replay under an idempotency key) runs against the same snapshot the insert guards.
-    with transaction.atomic(durable=True):
+    with _ledger_write("recording the submission"), transaction.atomic(durable=True):
         server = _server_for(server_name=server_name, tenant=tenant)
         if submission_key is not None and Operation.objects.filter(submission_key=submission_key).exists():
             raise SubmissionKeyTaken(submission_key)
@@ -251,6 +253,18 @@ def operation_submit(
     if route.shadow:
         shadow_submit(legacy=op, server=server, tool=tool, ttl_ms=ttl_ms)
     return op
+
+
+@contextlib.contextmanager
+def _ledger_write(what: str) -> Iterator[None]:
+    """A lost database connection before anything is sent: the caller gets one typed line, never
+    the driver's error (its message may quote the row), and may retry with the same key."""
+    try:
+        yield
+    except (OperationalError, InterfaceError) as exc:
+        raise LedgerUnavailable(
+            f"{what} failed: the ledger is unavailable ({type(exc).__name__}); nothing was sent "
+            "to the server, retry with the same key") from exc
 
 
 def _server_for(*, server_name: str, tenant: str) -> ToolServer:
@@ -302,7 +316,7 @@ def _submit_row(
     submission_digest: str = "",
 ) -> Operation:
     owner = f"submit-{uuid.uuid4().hex[:12]}"
-    with transaction.atomic(durable=True):
+    with _ledger_write("recording the submission"), transaction.atomic(durable=True):
         op = _create_row(
             server=server, tool_name=tool_name, tool=tool, call_node_id=call_node_id,
             arguments=arguments, ttl_ms=_ttl_for(ttl_ms=ttl_ms, mode=mode), mode=mode,

@@ -97,7 +97,8 @@ def forbid_word(*, operation: Operation, result: dict[str, Any]) -> list[str]:
 
 def test_custom_hooks_by_dotted_path() -> None:
     op = _op_with_schema(None)
-    with override_settings(TOOLOPS_OUTPUT_VALIDATORS=["tests.toolops.services.test_output_defense.forbid_word"]):
+    hook = "tests.toolops.services.test_output_defense.forbid_word"
+    with override_settings(TOOLOPS_OUTPUT_VALIDATORS=[hook]):
         assert result_defend(op=op, stored=_stored(_text("fine")), terminal_status="completed").ok
         verdict = result_defend(op=op, stored=_stored(_text("a forbidden thing")),
                                 terminal_status="completed")
