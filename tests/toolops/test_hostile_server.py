@@ -137,3 +137,42 @@ def test_hostile_answers_are_recorded_and_healthy_calls_are_accepted(hostile_url
     assert hostile_stats(hostile_url)["stats"]["method:tools/call"] == HEALTHY + len(MISBEHAVIOURS)
     report = gate_report(server_names=["hostile"])
     assert report.passed, report.as_dict()
+
+
+@override_settings(TOOLOPS_REQUEST_DEADLINE_SECONDS=DEADLINE_S, TOOLOPS_WAIT_BUDGET_SECONDS=600)
+def test_a_rest_submit_to_a_trickling_server_answers_within_the_deadline(hostile_url: str) -> None:
+    from tests.toolops.api_fixtures import principal
+
+    adapters_close_all()
+    server_add(name="hostile-rest", url=hostile_url, max_qps=1000)
+    client = principal(username="trickled", org="acme")
+    started = time.monotonic()
+    response = client.post("/api/operations/", {"server": "hostile-rest", "tool": "create_trickle",
+                                                "call_node_id": "hostile/rest-trickle",
+                                                "arguments": {}}, format="json")
+    elapsed = time.monotonic() - started
+    assert elapsed < DEADLINE_S + SLACK_S, f"REST submit took {elapsed:.1f}s"
+    assert response.status_code in (200, 201), response.content
+    # The call may have reached the server: resolved by its key, never resent.
+    assert response.json()["state"] == State.SUBMISSION_UNKNOWN
+
+
+@override_settings(TOOLOPS_REQUEST_DEADLINE_SECONDS=DEADLINE_S, TOOLOPS_WAIT_BUDGET_SECONDS=600)
+def test_run_returns_within_its_time_plus_one_deadline_with_several_trickling_rows(
+        hostile_url: str) -> None:
+    adapters_close_all()
+    server = server_add(name="hostile-run", url=hostile_url, max_qps=1000)
+    slow = [operation_submit(server_name=server.name, tool_name="get_trickle",
+                             call_node_id=f"hostile/run-{n}", arguments={}, ttl_ms=60_000)
+            for n in range(4)]
+    max_seconds = 1.0
+    started = time.monotonic()
+    run_embedded(until_idle=False, max_seconds=max_seconds)
+    elapsed = time.monotonic() - started
+    # Four rows each worth one whole deadline: the loop stops claiming and polling at its time,
+    # so at most the one poll already under way runs on past it.
+    assert elapsed < max_seconds + DEADLINE_S + SLACK_S / 4, f"runner took {elapsed:.1f}s"
+    assert elapsed < max_seconds + 4 * DEADLINE_S, f"runner polled every slow row: {elapsed:.1f}s"
+    for op in slow:
+        op.refresh_from_db()
+        assert op.state != State.ACCEPTED
