@@ -70,6 +70,10 @@ def test_the_contracts_the_design_rests_on_are_declared() -> None:
     assert _layered(upper="toolops.python_api", lower="toolops.services")
     assert _layered(upper="ledger.services", lower="ledger.selectors")
     assert _layered(upper="ledger.selectors", lower="ledger.models")
+    assert _layered(upper="toolops.services.observe", lower="toolops.services.schedule")
+    assert _layered(upper="toolops.services.reconcile", lower="toolops.services.output_checks")
+    assert _layered(upper="adapters.registry", lower="adapters.jsonrpc")
+    assert _layered(upper="adapters.jsonrpc", lower="adapters.decode")
 
 
 def test_a_planted_violation_is_reported_broken(tmp_path: Path) -> None:
