@@ -263,16 +263,23 @@ class ReconciliationItemAdmin(admin.ModelAdmin):
 
     def take_view(self, request: HttpRequest, pk: int) -> HttpResponse:
         item = self._item_for_action(request, pk)
-        if request.method == "POST" and self._take(request, item):
+        taken = self._take(request, item) if request.method == "POST" else None
+        if taken:
             self.message_user(request, f"Item {pk} is now owned by {request.user.get_username()}.")
-        elif request.method == "POST":
+        elif taken is False:
             self.message_user(request, f"Item {pk} is resolved; its owner stays.", messages.WARNING)
         return HttpResponseRedirect(reverse("admin:ledger_reconciliationitem_change", args=[pk]))
 
-    def _take(self, request: HttpRequest, item: ReconciliationItem) -> bool:
+    def _take(self, request: HttpRequest, item: ReconciliationItem) -> bool | None:
+        """True when taken, False when the item is resolved, None when refused (message shown)."""
         user_id = request.user.pk
         assert user_id is not None  # admin views require a logged-in user
-        taken = reconciliation_take(item_id=item.pk, user_id=user_id)
+        try:
+            taken = reconciliation_take(item_id=item.pk, user_id=user_id,
+                                        actor=actor_for_user(user=request.user))
+        except (ReconciliationRefused, PermissionRefused) as exc:
+            self.message_user(request, f"item {item.pk}: {exc}", messages.ERROR)
+            return None
         if taken:
             self.log_change(request, item, "took ownership")
         return taken
@@ -289,7 +296,7 @@ class ReconciliationItemAdmin(admin.ModelAdmin):
     @admin.action(description="Take ownership", permissions=["resolve"])
     def take_ownership(self, request: HttpRequest,
                        queryset: QuerySet[ReconciliationItem]) -> None:
-        taken = sum(self._take(request, item) for item in queryset)
+        taken = sum(1 for item in queryset if self._take(request, item))
         self.message_user(request, f"{taken} open item(s) now owned by {request.user.get_username()}.")
 
     def _list_action(self, request: HttpRequest, queryset: QuerySet[ReconciliationItem],

@@ -277,8 +277,16 @@ def reconciliation_abandon(*, item_id: int, actor: Actor | str, reason: str) -> 
                     resolution=Resolution.ABANDONED, apply=apply)
 
 
-def reconciliation_take(*, item_id: int, user_id: int) -> bool:
-    """Make a user the owner of an open item. False when the item is resolved (nothing changed)."""
+def reconciliation_take(*, item_id: int, user_id: int, actor: Actor | str) -> bool:
+    """Make a user the owner of an open item. False when the item is resolved (nothing changed).
+
+    Owning an item is the first step of resolving it: the same permission (or organisation role)
+    as resolving, checked here so no entry point can skip it."""
+    tenant = (ReconciliationItem.objects.filter(id=item_id)
+              .values_list("operation__tenant", flat=True).first())
+    if tenant is None:
+        raise ReconciliationRefused(f"no reconciliation item {item_id}")
+    permission_require(actor=actor, action=Action.RESOLVE, tenant=tenant)
     return ReconciliationItem.objects.filter(
         id=item_id, status=ReconciliationItem.Status.OPEN
     ).update(owner_id=user_id) == 1

@@ -215,3 +215,19 @@ def test_a_stored_result_is_defended_again_when_accepted_without_evidence() -> N
         api.resolve_reconciliation_item(item_id=item.pk, action="accept_terminal",
                                         terminal_status="completed", reason="the fetched one")
     _unchanged(item)
+
+
+def test_taking_an_item_needs_the_resolve_permission_in_the_service() -> None:
+    from toolops.services.reconcile import reconciliation_take
+
+    item = _open_item()
+    member = _user("walter", org="acme")
+    operator = _user("olga", org="acme", role=Membership.Role.OPERATOR)
+    with pytest.raises(PermissionRefused):
+        reconciliation_take(item_id=item.pk, user_id=member.pk, actor=actor_for_user(user=member))
+    item.refresh_from_db()
+    assert item.owner_id is None
+    assert reconciliation_take(item_id=item.pk, user_id=operator.pk,
+                               actor=actor_for_user(user=operator))
+    item.refresh_from_db()
+    assert item.owner_id == operator.pk
