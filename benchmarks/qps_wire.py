@@ -182,6 +182,9 @@ def main() -> None:
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.setdefault("TOOLOPS_QPS_NAMESPACE", f"qps-wire-{secrets.token_hex(4)}")
+    # The SDK server and the counting proxy listen on loopback, which the URL policy refuses
+    # unless the allow-list names it.
+    os.environ.setdefault("TOOLOPS_SERVER_HOSTS", "public,127.0.0.0/8,::1")
     import django
 
     django.setup()

@@ -43,6 +43,8 @@ def _env() -> dict[str, str]:
                         f"{db['PORT'] or 5432}/{db['NAME']}",
         "CELERY_BROKER_URL": BROKER,
         "TOOLOPS_POLL_FLOOR_SECONDS": "0.1",
+        # The reference servers listen on loopback, which the default URL policy refuses.
+        "TOOLOPS_SERVER_HOSTS": "public,127.0.0.0/8,::1",
         "PYTHONUNBUFFERED": "1",
     }
 
