@@ -65,7 +65,9 @@ for i in range({calls}):
             line = {{"key": key, "ok": False,
                      "type": type(exc).__module__ + "." + type(exc).__name__,
                      "message": str(exc).splitlines()[0] if str(exc) else ""}}
-            if line["type"].startswith("django.db"):
+            # Nothing was sent (the row could not be written): retry with the same key, as the
+            # error says. A reply that could not be recorded is not retried: its key is taken.
+            if line["type"] == "toolops.errors.LedgerUnavailable" or line["type"].startswith("django.db"):
                 close_old_connections()
                 time.sleep(0.5)
                 continue

@@ -109,7 +109,11 @@ def test_stateful_links_through_resolve_answer_and_cancel_never_5xx(
                               additional_checks: Any = None, **kwargs: Any) -> None:
             no_server_error(None, response, case)
 
-    Workflow.run(settings=settings(max_examples=FUZZ_EXAMPLES, deadline=None, stateful_step_count=6,
+    # Derandomized: the walk is the same on every run, so whether the linked steps reach real ids
+    # depends on the schema and the code, not on the draw (a random walk of this size sometimes
+    # never followed a link to resolve).
+    Workflow.run(settings=settings(max_examples=2 * FUZZ_EXAMPLES, deadline=None,
+                                   stateful_step_count=6, derandomize=True,
                                    suppress_health_check=list(HealthCheck)))
     # The linked steps ran on real ids (not only 404s for made-up ones).
     for path in ("/api/reconciliation/{id}/resolve/", "/api/input-requests/{id}/answer/",
