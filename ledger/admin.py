@@ -39,6 +39,18 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+class OperationColumns:
+    """List columns for rows that belong to an operation (receipts, input rounds, queue items)."""
+
+    @admin.display(description="server", ordering="operation__server__name")
+    def server(self, obj: Any) -> str:
+        return str(obj.operation.server.name)
+
+    @admin.display(description="tool", ordering="operation__tool_name")
+    def tool(self, obj: Any) -> str:
+        return str(obj.operation.tool_name)
+
+
 def operation_link(operation_id: Any, *, short: bool = True) -> str:
     """A link to an operation's page; the short form keeps list columns narrow."""
     url = reverse("admin:ledger_operation_change", args=[operation_id])
@@ -54,7 +66,7 @@ def truncated(value: str, *, width: int = 24) -> str:
 
 
 @admin.register(TerminalReceipt)
-class TerminalReceiptAdmin(ReadOnlyAdmin):
+class TerminalReceiptAdmin(OperationColumns, ReadOnlyAdmin):
     list_display = ("id", "accepted_at", "call_node_id", "server", "tool", "terminal_status",
                     "outcome", "operation", "remote")
     list_filter = ("terminal_status", "operation__server")
@@ -70,14 +82,6 @@ class TerminalReceiptAdmin(ReadOnlyAdmin):
                                                answer__action="decline")
         return (super().get_queryset(request).select_related("operation__server")
                 .annotate(input_declined=Exists(declined)))
-
-    @admin.display(description="server", ordering="operation__server__name")
-    def server(self, obj: TerminalReceipt) -> str:
-        return obj.operation.server.name
-
-    @admin.display(description="tool", ordering="operation__tool_name")
-    def tool(self, obj: TerminalReceipt) -> str:
-        return obj.operation.tool_name
 
     @admin.display(description="outcome")
     def outcome(self, obj: TerminalReceipt) -> str:

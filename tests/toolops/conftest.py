@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import io
+import logging.config
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 
 from ledger.models import ToolServer
+from toolops.logging import logging_config
 from toolops.services.servers import server_add
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,3 +50,14 @@ def cli(tmp_path: Path):  # type: ignore[no-untyped-def]
 
     run("migrate", "-v0")
     return run
+
+
+@pytest.fixture
+def log_stream() -> Iterator[io.StringIO]:
+    """What the project's JSON logging config writes, captured; the settings' config is restored."""
+    out = io.StringIO()
+    config = logging_config(level="INFO")
+    config["handlers"]["console"]["stream"] = out
+    logging.config.dictConfig(config)
+    yield out
+    logging.config.dictConfig(settings.LOGGING)

@@ -6,14 +6,12 @@ import io
 import json
 import logging
 import logging.config
-from collections.abc import Iterator
 
 import pytest
-from django.conf import settings
 from django.test import override_settings
 
 from ledger.models import ToolServer
-from toolops.logging import get_logger, logging_config, operation_log_context
+from toolops.logging import get_logger, operation_log_context
 from toolops.runner import run_embedded
 from toolops.services.servers import server_add
 from toolops.services.submit import operation_submit
@@ -21,25 +19,15 @@ from toolops.services.submit import operation_submit
 FIELDS = ("operation_id", "call_node_id", "server", "adapter_version")
 
 
-@pytest.fixture
-def stream() -> Iterator[io.StringIO]:
-    """What the project's JSON logging config writes, captured; the settings' config is restored."""
-    out = io.StringIO()
-    config = logging_config(level="INFO")
-    config["handlers"]["console"]["stream"] = out
-    logging.config.dictConfig(config)
-    yield out
-    logging.config.dictConfig(settings.LOGGING)
 
-
-def test_every_line_names_the_operation_fields(stream: io.StringIO) -> None:
+def test_every_line_names_the_operation_fields(log_stream: io.StringIO) -> None:
     log = get_logger("toolops.test")
     with operation_log_context(operation_id="op-1", call_node_id="node-1", server="ref",
                                adapter_version="mcp-tasks/2025-11-25"):
         log.info("inside", attempt=2)
         logging.getLogger("ledger.test").warning("stdlib %s", "inside")
     log.info("outside")
-    parsed = [json.loads(x) for x in stream.getvalue().splitlines()]
+    parsed = [json.loads(x) for x in log_stream.getvalue().splitlines()]
     assert [p["event"] for p in parsed] == ["inside", "stdlib inside", "outside"]
     for p in parsed[:2]:
         assert {f: p[f] for f in FIELDS} == {"operation_id": "op-1", "call_node_id": "node-1",
@@ -48,13 +36,13 @@ def test_every_line_names_the_operation_fields(stream: io.StringIO) -> None:
     assert parsed[0]["attempt"] == 2 and parsed[0]["level"] == "info" and "timestamp" in parsed[0]
 
 
-def test_secrets_and_results_never_reach_the_log(stream: io.StringIO) -> None:
+def test_secrets_and_results_never_reach_the_log(log_stream: io.StringIO) -> None:
     get_logger("toolops.test").warning(
         "call", api_token="tok-123", headers={"Authorization": "Bearer sekrit", "x-ok": "1"},
         arguments={"q": "private question"}, payload={"content": [{"text": "full result"}]},
         nested=[{"password": "pw", "result": "r" * 50}], count=3,
     )
-    text = stream.getvalue()
+    text = log_stream.getvalue()
     for secret in ("tok-123", "sekrit", "private question", "full result", "pw\"", "rrrrr"):
         assert secret not in text
     line = json.loads(text.splitlines()[-1])
@@ -64,7 +52,7 @@ def test_secrets_and_results_never_reach_the_log(stream: io.StringIO) -> None:
 
 
 @pytest.mark.django_db
-def test_a_real_rejection_logs_its_operation_and_no_result(stream: io.StringIO, mcp_url: str) -> None:
+def test_a_real_rejection_logs_its_operation_and_no_result(log_stream: io.StringIO, mcp_url: str) -> None:
     server = server_add(name="ref", url=mcp_url)
     tools = dict(server.tools)
     tools["sleep_then_complete"]["descriptor"]["outputSchema"] = {
@@ -74,7 +62,7 @@ def test_a_real_rejection_logs_its_operation_and_no_result(stream: io.StringIO, 
         op = operation_submit(server_name="ref", tool_name="sleep_then_complete", call_node_id="n-log",
                               arguments={"seconds": 0.1, "value": "secret-value-xyz"}, ttl_ms=60_000)
         run_embedded(until_idle=True, max_seconds=30)
-    text = stream.getvalue()
+    text = log_stream.getvalue()
     parsed = [json.loads(x) for x in text.splitlines()]
     rejected = [p for p in parsed if p["event"] == "result rejected by output defense"]
     assert len(rejected) == 1
@@ -87,37 +75,37 @@ def test_a_real_rejection_logs_its_operation_and_no_result(stream: io.StringIO, 
                                  "private_key", "Private-Key", "access_key", "AWS_ACCESS_KEY",
                                  "client_secret", "refresh-token", "Cookie", "set_cookie", "session",
                                  "Session-Id", "sessionid"])
-def test_secret_keys_redacted_whatever_their_case_and_separators(stream: io.StringIO, key: str) -> None:
+def test_secret_keys_redacted_whatever_their_case_and_separators(log_stream: io.StringIO, key: str) -> None:
     get_logger("toolops.test").warning("k", **{key: "hunter2-value", "nested": {key: "hunter2-value"}})
-    assert "hunter2-value" not in stream.getvalue()
+    assert "hunter2-value" not in log_stream.getvalue()
 
 
-def test_credentials_in_urls_and_messages_are_redacted(stream: io.StringIO) -> None:
+def test_credentials_in_urls_and_messages_are_redacted(log_stream: io.StringIO) -> None:
     log = get_logger("toolops.test")
     log.warning("contacting http://ops:hunter2-pw@tools.example/mcp?v=1&token=tok-secret-1",
                 url="https://u:hunter2-pw@h.example/x?api_key=tok-secret-2&access_token=tok-secret-3",
                 header="Bearer tok-secret-4abcdef")
     logging.getLogger("django.request").error("failed for %s", "http://a:hunter2-pw@h/?sig=tok-secret-5")
-    text = stream.getvalue()
+    text = log_stream.getvalue()
     for secret in ("hunter2-pw", "tok-secret-1", "tok-secret-2", "tok-secret-3", "tok-secret-4",
                    "tok-secret-5"):
         assert secret not in text, secret
     assert "tools.example/mcp?v=1" in text  # the rest of the URL is kept
 
 
-def test_exception_messages_and_tracebacks_are_redacted(stream: io.StringIO) -> None:
+def test_exception_messages_and_tracebacks_are_redacted(log_stream: io.StringIO) -> None:
     try:
         raise RuntimeError("connect to http://ops:hunter2-pw@h.example/?token=tok-secret-6 failed")
     except RuntimeError:
         get_logger("toolops.test").exception("boom")
         logging.getLogger("ledger.test").exception("boom too")
-    text = stream.getvalue()
+    text = log_stream.getvalue()
     assert "Traceback" in text and "RuntimeError" in text
     assert "hunter2-pw" not in text and "tok-secret-6" not in text
 
 
 @pytest.mark.django_db
-def test_a_postgresql_error_traceback_carries_no_row_values(stream: io.StringIO) -> None:
+def test_a_postgresql_error_traceback_carries_no_row_values(log_stream: io.StringIO) -> None:
     """A real DataError: PostgreSQL quotes the offending JSON (the row's values) in CONTEXT."""
     from django.db import DataError, transaction
 
@@ -134,7 +122,7 @@ def test_a_postgresql_error_traceback_carries_no_row_values(stream: io.StringIO)
         logging.getLogger("django.request").exception("write failed")
     else:
         pytest.fail("PostgreSQL accepted U+0000 in jsonb")
-    text = stream.getvalue()
+    text = log_stream.getvalue()
     assert "DataError" in text or "UntranslatableCharacter" in text
     assert "4111-secret-row-value" not in text
 

@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import io
 import json
-import logging
-import logging.config
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.test import Client, override_settings
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
@@ -26,7 +22,6 @@ from ledger.models import InputRequest, Membership, Operation, ReconciliationIte
 from ledger.states import State
 from tests.ledger.factories import OperationFactory, ToolServerFactory
 from tests.toolops.api_fixtures import principal
-from toolops.logging import logging_config
 from toolops.rest.parsers import BoundedJSONParser, RequestTooLarge, json_depth
 from toolops.services.json_input import MAX_JSON_DEPTH
 
@@ -38,15 +33,6 @@ SURROGATE_KEY = '{"\\ud800": 1}'
 SURROGATE_VALUE = '"\\udfff"'
 NUL_VALUE = '"a\\u0000b"'
 
-
-@pytest.fixture
-def log_stream() -> Iterator[io.StringIO]:
-    out = io.StringIO()
-    config = logging_config(level="INFO")
-    config["handlers"]["console"]["stream"] = out
-    logging.config.dictConfig(config)
-    yield out
-    logging.config.dictConfig(settings.LOGGING)
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from ledger.admin import OperationColumns, ReadOnlyAdmin
 from ledger.admin import operation_link as link_to_operation
 from ledger.models import EffectReconciliation, InputRequest
 from toolops.admin.forms import form_json_object
@@ -51,17 +52,6 @@ class InputAnswerForm(forms.Form):
         return form_json_object(self.cleaned_data["content"])
 
 
-class _ReadOnly(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # no raw edit form; answers go through the service only
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
 class OpenFirstFilter(admin.SimpleListFilter):
     title = "status"
     parameter_name = "status"
@@ -81,7 +71,7 @@ class OpenFirstFilter(admin.SimpleListFilter):
 
 
 @admin.register(InputRequest)
-class InputRequestAdmin(_ReadOnly):
+class InputRequestAdmin(OperationColumns, ReadOnlyAdmin):
     # Narrow enough for 1400 px: ages instead of dates (the dates are in the tooltips).
     list_display = ("answer_link", "question", "round", "status", "asked", "due", "operation_link",
                     "server", "tool", "answered")
@@ -132,14 +122,6 @@ class InputRequestAdmin(_ReadOnly):
         if left < 0:
             return format_html('<strong title="{}">passed</strong>', when)
         return format_html('<span title="{}">in {}</span>', when, duration(left))
-
-    @admin.display(description="server", ordering="operation__server__name")
-    def server(self, obj: InputRequest) -> str:
-        return obj.operation.server.name
-
-    @admin.display(description="tool", ordering="operation__tool_name")
-    def tool(self, obj: InputRequest) -> str:
-        return obj.operation.tool_name
 
     @admin.display(description="question")
     def question(self, obj: InputRequest) -> str:
@@ -238,7 +220,7 @@ class InputRequestAdmin(_ReadOnly):
 
 
 @admin.register(EffectReconciliation)
-class EffectReconciliationAdmin(_ReadOnly):
+class EffectReconciliationAdmin(OperationColumns, ReadOnlyAdmin):
     """EFFECT_RECONCILIATION_REQUIRED: completions seen after an accepted cancel."""
 
     list_display = ("id", "created_at", "operation_link", "server", "tool", "observed_status",
@@ -256,14 +238,6 @@ class EffectReconciliationAdmin(_ReadOnly):
     @admin.display(description="operation")
     def operation_link(self, obj: EffectReconciliation) -> str:
         return link_to_operation(obj.operation_id)
-
-    @admin.display(description="server", ordering="operation__server__name")
-    def server(self, obj: EffectReconciliation) -> str:
-        return obj.operation.server.name
-
-    @admin.display(description="tool", ordering="operation__tool_name")
-    def tool(self, obj: EffectReconciliation) -> str:
-        return obj.operation.tool_name
 
     @admin.display(description="evidence")
     def evidence_pretty(self, obj: EffectReconciliation) -> str:

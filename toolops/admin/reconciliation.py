@@ -24,7 +24,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from ledger.admin import operation_link, truncated
+from ledger.admin import OperationColumns, operation_link, truncated
 from ledger.models import ReconciliationItem
 from ledger.states import TerminalStatus
 from toolops.admin.forms import form_json_object
@@ -113,7 +113,7 @@ RESOLUTIONS: dict[str, Resolution] = {
 }
 
 
-class ReconciliationItemAdmin(admin.ModelAdmin):
+class ReconciliationItemAdmin(OperationColumns, admin.ModelAdmin):
     # Narrow enough for 1400 px: ids cut short (whole in the tooltip), the age in place of the date.
     list_display = ("item", "age", "reason", "operation_short", "call_node", "server", "tool",
                     "remote", "due", "owner", "outcome")
@@ -166,14 +166,6 @@ class ReconciliationItemAdmin(admin.ModelAdmin):
     @admin.display(description="call node", ordering="operation__call_node_id")
     def call_node(self, obj: ReconciliationItem) -> str:
         return truncated(obj.operation.call_node_id, width=20)
-
-    @admin.display(description="server", ordering="operation__server__name")
-    def server(self, obj: ReconciliationItem) -> str:
-        return obj.operation.server.name
-
-    @admin.display(description="tool", ordering="operation__tool_name")
-    def tool(self, obj: ReconciliationItem) -> str:
-        return obj.operation.tool_name
 
     @admin.display(description="remote id", ordering="operation__remote_id")
     def remote(self, obj: ReconciliationItem) -> str:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission, User
-from django.test import Client
 from django.urls import reverse
 
 from ledger.models import InputRequest, Operation, OperationEvent, ReconciliationItem, ToolServer
 from ledger.states import State
 from tests.ledger.factories import OperationFactory
+from tests.toolops.admin.helpers import staff_client as _client
 from toolops.runner import run_embedded
 from toolops.services.reconcile import operation_to_reconciliation, reconciliation_accept_terminal
 from toolops.services.servers import server_add
@@ -19,16 +18,6 @@ from toolops.services.submit import operation_submit
 pytestmark = pytest.mark.django_db
 LIST = "/admin/ledger/operation/"
 
-
-def _client(*perms: str, superuser: bool = False) -> tuple[Client, User]:
-    if superuser:
-        user = User.objects.create_superuser("root", "root@example.com", "pw")
-    else:
-        user = User.objects.create_user("staff", "staff@example.com", "pw", is_staff=True)
-        user.user_permissions.set(Permission.objects.filter(codename__in=perms))
-    client = Client()
-    client.force_login(user)
-    return client, user
 
 
 def _page(op: Operation) -> str:

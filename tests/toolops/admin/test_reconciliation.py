@@ -6,13 +6,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
-from django.test import Client
 from django.utils import timezone
 
 from ledger.models import Operation, ReconciliationItem
 from ledger.states import State
 from tests.ledger.factories import OperationFactory
+from tests.toolops.admin.helpers import staff_client as _client
 from toolops.services.reconcile import operation_to_reconciliation
 
 pytestmark = pytest.mark.django_db
@@ -24,16 +23,6 @@ def _open_item(**op_fields: Any) -> ReconciliationItem:
     return operation_to_reconciliation(op=op, lease_owner=None, reason="not_found_unknown",
                                        evidence={"classification": "UNKNOWN"})
 
-
-def _client(*, perms: tuple[str, ...] = (), superuser: bool = False) -> tuple[Client, User]:
-    if superuser:
-        user = User.objects.create_superuser("root", "root@example.com", "pw")
-    else:
-        user = User.objects.create_user("staff", "staff@example.com", "pw", is_staff=True)
-        user.user_permissions.set(Permission.objects.filter(codename__in=perms))
-    client = Client()
-    client.force_login(user)
-    return client, user
 
 
 def _ids(response: Any) -> set[int]:
@@ -94,7 +83,7 @@ def test_accept_action_validates_the_evidence_json() -> None:
 
 
 def test_view_only_staff_cannot_resolve() -> None:
-    client, _ = _client(perms=("view_reconciliationitem",))
+    client, _ = _client("view_reconciliationitem")
     item = _open_item(remote_id="")
     listing = client.get(URL)
     assert listing.status_code == 200 and item.id in _ids(listing)
@@ -106,7 +95,7 @@ def test_view_only_staff_cannot_resolve() -> None:
 
 
 def test_staff_with_the_resolve_permission_can_resolve() -> None:
-    client, _ = _client(perms=("view_reconciliationitem", "resolve_reconciliationitem"))
+    client, _ = _client("view_reconciliationitem", "resolve_reconciliationitem")
     item = _open_item(remote_id="")
     client.post(URL, {"action": "declare_never_created", "_selected_action": [item.id], "apply": "1",
                       "reason": "server owner confirmed no such call"})
@@ -116,7 +105,7 @@ def test_staff_with_the_resolve_permission_can_resolve() -> None:
 
 
 def test_take_ownership_sets_the_owner_of_open_items_only() -> None:
-    client, user = _client(perms=("view_reconciliationitem", "resolve_reconciliationitem"))
+    client, user = _client("view_reconciliationitem", "resolve_reconciliationitem")
     open_item = _open_item()
     closed = _open_item()
     ReconciliationItem.objects.filter(id=closed.id).update(status="resolved")
@@ -138,7 +127,7 @@ def test_resolve_from_the_item_page_keeps_what_was_typed_when_refused_and_writes
     from django.contrib.admin.models import LogEntry
     from django.urls import reverse
 
-    client, user = _client(perms=("view_reconciliationitem", "resolve_reconciliationitem"))
+    client, user = _client("view_reconciliationitem", "resolve_reconciliationitem")
     item = _open_item()
     page = client.get(f"{URL}{item.id}/change/").content.decode()
     url = reverse("admin:ledger_reconciliationitem_resolve", args=[item.id, "accept_terminal"])
@@ -158,7 +147,7 @@ def test_resolve_from_the_item_page_keeps_what_was_typed_when_refused_and_writes
 def test_view_only_staff_get_no_resolve_buttons_and_a_403_on_the_resolve_page() -> None:
     from django.urls import reverse
 
-    client, _ = _client(perms=("view_reconciliationitem",))
+    client, _ = _client("view_reconciliationitem")
     item = _open_item()
     assert b"Resolve this item" not in client.get(f"{URL}{item.id}/change/").content
     url = reverse("admin:ledger_reconciliationitem_resolve", args=[item.id, "abandon"])
@@ -169,7 +158,7 @@ def test_view_only_staff_get_no_resolve_buttons_and_a_403_on_the_resolve_page() 
 def test_take_ownership_from_the_item_page() -> None:
     from django.urls import reverse
 
-    client, user = _client(perms=("view_reconciliationitem", "resolve_reconciliationitem"))
+    client, user = _client("view_reconciliationitem", "resolve_reconciliationitem")
     item = _open_item()
     taken = client.post(reverse("admin:ledger_reconciliationitem_take", args=[item.id]))
     assert taken.status_code == 302
