@@ -39,6 +39,7 @@ from ledger.states import TRANSITIONS, State
 from toolops.scheduling import next_poll_after_error_at
 from toolops.services.db_retry import db_connection_reopen, db_write_retrying, exception_redacted
 from toolops.services.dispatch import CLAIMABLE
+from toolops.services.reconcile import operation_to_reconciliation
 
 logger = logging.getLogger("toolops.boundary")
 
@@ -69,8 +70,6 @@ def _consecutive_crashes(*, operation_id: uuid.UUID) -> int:
 
 def _record_crash(*, operation_id: uuid.UUID, lease_owner: str, error: dict[str, Any],
                   label: str = EXECUTOR_ERROR) -> str:
-    from toolops.services.reconcile import operation_to_reconciliation
-
     max_crashes = int(settings.TOOLOPS_EXECUTOR_MAX_CRASHES)
     with transaction.atomic():
         op = Operation.objects.select_for_update().filter(id=operation_id).first()
@@ -133,6 +132,7 @@ def operation_record_crash(*, operation_id: uuid.UUID, lease_owner: str, exc: Ba
 
 def operation_poll_guarded(*, operation_id: uuid.UUID, lease_owner: str) -> str:
     """`operation_poll` inside the per-row error boundary: always returns an outcome label."""
+    # Looked up at call time (the poll loop sits above this module, and tests replace it).
     from toolops.services.observe import operation_poll
 
     try:

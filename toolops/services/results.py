@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -183,7 +184,9 @@ def _fetch(*, op: Operation, lease_owner: str, seen: _Seen | None) -> tuple[Fetc
     try:
         return server_call(
             server=op.server, purpose="result",
-            fn=lambda adapter: adapter.fetch_result(remote_id=op.remote_id, timeout_s=30.0),
+            # The status is terminal: the result is one read, bounded like any other request.
+            fn=lambda adapter: adapter.fetch_result(
+                remote_id=op.remote_id, timeout_s=float(settings.TOOLOPS_REQUEST_DEADLINE_SECONDS)),
             follow_up=True,
         ), None
     except RateLimited as limited:
