@@ -16,6 +16,23 @@ from toolops.services.connections import connections_use_transport
 pytest_plugins = ["tests.toolops.fixtures_lifecycle"]
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run each file's tests together, so the progress output names each file once.
+
+    pytest-django sorts the whole session into rollback tests, then transactional tests, then
+    tests without a database, which splits every file that holds more than one kind. Grouping by
+    file (files in the order of their first test; inside a file, pytest-django's order, since the
+    sort is stable) is safe here: a transactional test ends by flushing every table and the flush
+    runs post_migrate again (no test sets `available_apps`), so what a later test may rely on
+    (content types, permissions) is back, and no test relies on rows a migration inserts.
+    """
+    first: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first.setdefault(item.nodeid.split("::", 1)[0], index)
+    items.sort(key=lambda item: first[item.nodeid.split("::", 1)[0]])
+
+
 @pytest.fixture
 def faults() -> Iterator[FaultTransport]:
     """Every adapter the executor builds talks through one scriptable fault-injecting transport."""

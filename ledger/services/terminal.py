@@ -15,7 +15,8 @@ from django.utils import timezone
 
 from ledger.errors import AcceptanceRefused
 from ledger.models import Operation
-from ledger.services.transitions import RELEASE, operation_transition
+from ledger.services.schedule import schedule_cleared
+from ledger.services.transitions import operation_transition
 from ledger.states import State, TerminalStatus
 
 
@@ -47,13 +48,12 @@ def operation_finalize_locked(
     operation_transition(
         operation_id=op.id, from_state=op.state, to_state=final_state,
         execution_epoch=op.execution_epoch, cancel_generation=op.cancel_generation,
-        updates={"terminal_status": terminal_status, "next_poll_at": None, **RELEASE},
+        updates={"terminal_status": terminal_status, **schedule_cleared()},
         event_kind=event_kind, event_data=event_data,
         known={"cancel_generation": op.cancel_generation, "server_state": op.server_state},
     )
     op.state = final_state
     op.terminal_status = terminal_status
-    op.next_poll_at = None
-    op.lease_owner = ""
-    op.lease_expires_at = None
+    for name, value in schedule_cleared().items():  # the in-memory row mirrors what was written
+        setattr(op, name, value)
     op.updated_at = timezone.now()

@@ -20,9 +20,6 @@ from ledger.models import Operation
 from ledger.services.events import event_append_locked
 from ledger.states import TRANSITIONS, State
 
-# Fields that end a lease; written with every write that hands the row back to the dispatcher.
-RELEASE: dict[str, Any] = {"lease_owner": "", "lease_expires_at": None}
-
 
 def _atomic() -> AbstractContextManager[Any]:
     """A transaction of its own, or the caller's as it is: no savepoint is needed, since a

@@ -14,6 +14,7 @@ from django.utils import timezone
 from ledger.models import Operation, OperationEvent, ToolServer
 from ledger.states import State
 from tests.peers.fault_transport import Fault, FaultTransport
+from tests.toolops.helpers import submit_sleep
 from toolops.runner import run_embedded
 from toolops.scheduling import (
     backoff_delay_seconds,
@@ -25,7 +26,6 @@ from toolops.scheduling import (
 )
 from toolops.services.dispatch import operations_claim_due
 from toolops.services.observe import operation_poll
-from toolops.services.submit import operation_submit
 
 SAMPLES = 2000
 
@@ -113,14 +113,6 @@ def server(faults: FaultTransport, server: ToolServer) -> ToolServer:
     return server
 
 
-def _submit(server: ToolServer, seconds: float, ttl_ms: int = 60_000) -> Operation:
-    op = operation_submit(server_name=server.name, tool_name="sleep_then_complete",
-                          call_node_id=f"n-{timezone.now().timestamp()}",
-                          arguments={"seconds": seconds, "value": "v"}, ttl_ms=ttl_ms)
-    assert op.state == State.WORKING
-    return op
-
-
 def _poll_now(op: Operation) -> tuple[str, datetime]:
     """Make the row due, claim it and poll it once; returns the outcome and the time before."""
     Operation.objects.filter(id=op.id).update(next_poll_at=timezone.now())
@@ -138,7 +130,7 @@ def _last_event(op: Operation) -> OperationEvent:
 @pytest.mark.parametrize("status", [429, 503])
 def test_retry_after_in_seconds_is_honoured(server: ToolServer, faults: FaultTransport,
                                             status: int) -> None:
-    op = _submit(server, seconds=30)
+    op = submit_sleep(server, seconds=30, expect=State.WORKING)
     faults.inject(Fault("tasks/get", status, {"Retry-After": "7"}))
     outcome, before = _poll_now(op)
     assert outcome == "poll_error"
@@ -156,7 +148,7 @@ def test_retry_after_in_seconds_is_honoured(server: ToolServer, faults: FaultTra
 @pytest.mark.parametrize("status", [429, 503])
 def test_retry_after_as_http_date_is_honoured(server: ToolServer, faults: FaultTransport,
                                               status: int) -> None:
-    op = _submit(server, seconds=30)
+    op = submit_sleep(server, seconds=30, expect=State.WORKING)
     when = timezone.now() + timedelta(seconds=40)
     # timezone.now() is in UTC, which HTTP-date requires
     faults.inject(Fault("tasks/get", status,
@@ -176,7 +168,7 @@ def test_without_retry_after_the_backoff_grows_then_the_poll_recovers(
     server: ToolServer, faults: FaultTransport, status: int, settings
 ) -> None:
     settings.TOOLOPS_BACKOFF_BASE_SECONDS = 0.5
-    op = _submit(server, seconds=0.5)
+    op = submit_sleep(server, seconds=0.5, expect=State.WORKING)
     windows = []
     for _ in range(3):
         faults.inject(Fault("tasks/get", status))
@@ -203,7 +195,7 @@ def test_wait_budget_exhausted_is_a_recorded_outcome_not_a_cancel(
     server: ToolServer, faults: FaultTransport, settings
 ) -> None:
     settings.TOOLOPS_WAIT_BUDGET_SECONDS = 1.5
-    op = _submit(server, seconds=30)
+    op = submit_sleep(server, seconds=30, expect=State.WORKING)
     stats = run_embedded(until_idle=True, max_seconds=15)
     op.refresh_from_db()
     assert op.state == State.RECONCILIATION_REQUIRED
@@ -221,7 +213,7 @@ def test_wait_budget_exhausted_is_a_recorded_outcome_not_a_cancel(
 def test_expiry_stops_polling_with_a_recorded_outcome(
     server: ToolServer, faults: FaultTransport
 ) -> None:
-    op = _submit(server, seconds=30)
+    op = submit_sleep(server, seconds=30, expect=State.WORKING)
     # The deadline the server's ttl would set, ahead of our own budget. (Set here rather than by
     # asking the peer for a short ttl: mcp 1.30 purges a task at its ttl while its work still runs,
     # and the late store then breaks the shared peer for later tests.)
@@ -253,7 +245,7 @@ def test_a_short_server_ttl_lowers_the_deadline(settings) -> None:
 def test_a_429_on_the_result_fetch_keeps_the_row_fetching(
     server: ToolServer, faults: FaultTransport
 ) -> None:
-    op = _submit(server, seconds=0.2)
+    op = submit_sleep(server, seconds=0.2, expect=State.WORKING)
     faults.inject(Fault("tasks/result", 429, {"Retry-After": "1"}))
     run_embedded(until_idle=True, max_seconds=20)
     op.refresh_from_db()
@@ -267,7 +259,7 @@ def test_a_429_on_the_result_fetch_keeps_the_row_fetching(
 def test_a_202_accepted_answer_never_counts_as_completion(
     server: ToolServer, faults: FaultTransport
 ) -> None:
-    op = _submit(server, seconds=30)
+    op = submit_sleep(server, seconds=30, expect=State.WORKING)
     faults.inject(Fault("tasks/get", 202))
     outcome, _ = _poll_now(op)
     assert outcome == "poll_error"

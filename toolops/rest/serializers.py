@@ -167,7 +167,7 @@ class ResolveSerializer(serializers.Serializer):
     evidence = JSONObjectField(required=False, default=dict)
     # attach_remote_id needs the id found by hand; accept_terminal needs the observed status.
     remote_id = serializers.CharField(max_length=300, required=False, default="")
-    terminal_status = serializers.ChoiceField(choices=["completed", "failed", "cancelled"],
+    terminal_status = serializers.ChoiceField(choices=TerminalStatus.choices,
                                               required=False)
 
 

@@ -35,6 +35,7 @@ from django.utils import timezone
 
 from ledger.models import Operation, OperationEvent
 from ledger.services.events import event_append_locked
+from ledger.services.schedule import RELEASE, schedule_at
 from ledger.states import TRANSITIONS, State
 from toolops.scheduling import next_poll_after_error_at
 from toolops.services.db_retry import db_connection_reopen, db_write_retrying, exception_redacted
@@ -94,13 +95,11 @@ def _record_crash(*, operation_id: uuid.UUID, lease_owner: str, error: dict[str,
             at = next_poll_after_error_at(now=now, poll_interval_ms=op.poll_interval_ms,
                                           expires_at=op.expires_at, consecutive_errors=crashes,
                                           retry_after_s=None)
-            Operation.objects.filter(id=op.id).update(lease_owner="", lease_expires_at=None,
-                                                      next_poll_at=at, updated_at=now)
-            _append(op=op, data={**data, "rescheduled": True, "next_poll_at": at.isoformat()})
+            Operation.objects.filter(id=op.id).update(**schedule_at(at=at), updated_at=now)
+            _append(op=op, data={**data, "rescheduled": True, "retry_at": at.isoformat()})
             return label
         # Not polled in this state (waiting on input, queued, terminal): hand back our lease only.
-        Operation.objects.filter(id=op.id, lease_owner=lease_owner).update(
-            lease_owner="", lease_expires_at=None, updated_at=now)
+        Operation.objects.filter(id=op.id, lease_owner=lease_owner).update(**RELEASE, updated_at=now)
         _append(op=op, data={**data, "rescheduled": False})
         return label
 
@@ -161,8 +160,7 @@ def operations_release_unpolled(*, ids: list[uuid.UUID], owner: str) -> int:
         return 0
     try:
         return Operation.objects.filter(id__in=ids, lease_owner=owner).update(
-            lease_owner="", lease_expires_at=None,
-            next_poll_at=Coalesce(F("next_poll_at"), timezone.now()), updated_at=timezone.now())
+            **schedule_at(at=Coalesce(F("next_poll_at"), timezone.now())), updated_at=timezone.now())
     except (OperationalError, InterfaceError):
         db_connection_reopen()
         return 0  # the leases expire on their own

@@ -38,13 +38,14 @@ from ledger.errors import AcceptanceRefused, IllegalTransition
 from ledger.models import EffectReconciliation, Operation, OperationEvent
 from ledger.services.acceptance import operation_accept_terminal
 from ledger.services.events import event_append_locked, operation_record_event
+from ledger.services.schedule import RELEASE, schedule_at, schedule_leased
 from ledger.services.transitions import operation_transition, operation_update_guarded
-from ledger.states import State
+from ledger.states import State, TerminalStatus
 from toolops.errors import ToolopsError
 from toolops.scheduling import next_poll_at
 from toolops.services.connections import server_call
 from toolops.services.permissions import SYSTEM, Action, Actor, operation_tenant, permission_require
-from toolops.services.reconcile import RELEASE, operation_to_reconciliation
+from toolops.services.reconcile import operation_to_reconciliation
 from toolops.services.results import operation_fetch_and_accept, operation_record_terminal_seen
 
 logger = logging.getLogger("toolops.cancel")
@@ -54,7 +55,7 @@ CANCELLABLE = frozenset({State.WORKING, State.INPUT_REQUIRED})
 # server may already have deleted the task, and the receipt does not depend on it).
 AUDIT_FETCH_TIMEOUT_S = 2.0
 # Statuses that, seen after an accepted cancel, mean the work went on to an end of its own.
-LATE_EFFECT_STATUSES = frozenset({"completed", "failed"})
+LATE_EFFECT_STATUSES = frozenset({TerminalStatus.COMPLETED.value, TerminalStatus.FAILED.value})
 
 
 CANCEL_NOT_SENT = "cancel_not_sent"
@@ -90,9 +91,8 @@ def _request_cancel(*, operation_id: uuid.UUID, owner: str, requested_by: str = 
             operation_transition(
                 operation_id=op.id, from_state=op.state, to_state=State.CANCEL_REQUESTED,
                 execution_epoch=op.execution_epoch, cancel_generation=op.cancel_generation,
-                updates={"cancel_generation": generation, "lease_owner": owner,
-                         "lease_expires_at": now + timedelta(seconds=lease_s),
-                         "next_poll_at": now + timedelta(seconds=lease_s)},
+                updates={"cancel_generation": generation,
+                         **schedule_leased(owner=owner, until=now + timedelta(seconds=lease_s))},
                 event_kind="cancel_requested",
                 event_data={"requested_at": now.isoformat(), "cancel_generation": generation,
                             "from_state": op.state, "requested_by": requested_by},
@@ -159,7 +159,7 @@ def _ack_lost(*, op: Operation, lease_owner: str, error: AdapterError,
     operation_update_guarded(
         operation_id=op.id, state=State.CANCEL_REQUESTED, execution_epoch=op.execution_epoch,
         cancel_generation=op.cancel_generation, lease_owner=lease_owner,
-        updates={**RELEASE, "next_poll_at": due},
+        updates=schedule_at(at=due),
         event_kind=kind,
         event_data={"error": str(error), "type": type(error).__name__, "detail": error.detail},
     )
@@ -223,9 +223,9 @@ def operation_observe_cancel_pending(
     `input_required`) until the server names the terminal state; a cancel that provably never
     left is sent again under the same generation."""
     if fields.get("next_poll_at") is None:
-        fields = {**fields, "next_poll_at": next_poll_at(
+        fields = {**fields, **schedule_at(at=next_poll_at(
             now=timezone.now(), poll_interval_ms=task.poll_interval_ms,
-            expires_at=fields.get("expires_at"))}
+            expires_at=fields.get("expires_at")), release=False)}
     resend = _cancel_unsent(op=op)
     ok = operation_update_guarded(
         operation_id=op.id, state=State.CANCEL_REQUESTED, execution_epoch=op.execution_epoch,

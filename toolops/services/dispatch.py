@@ -20,6 +20,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from ledger.models import Operation
+from ledger.services.schedule import schedule_at, schedule_leased
 from ledger.states import POLLABLE, State
 
 # SUBMITTING rows are claimable only after their submitter's lease ran out (see operation_poll).
@@ -81,8 +82,7 @@ def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None =
     ids = list(due_ids)
     if ids:
         Operation.objects.filter(id__in=ids).update(
-            lease_owner=owner, lease_expires_at=lease_until, next_poll_at=lease_until,
-            poll_attempts=F("poll_attempts") + 1,
+            **schedule_leased(owner=owner, until=lease_until), poll_attempts=F("poll_attempts") + 1,
         )
     return ids
 
@@ -126,7 +126,7 @@ def operations_poll_sooner(*, server_id: int, remote_ids: list[str]) -> int:
         Operation.objects.filter(server_id=server_id, remote_id__in=remote_ids,
                                  state__in=POLLABLE, next_poll_at__gt=now)
         .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
-        .update(next_poll_at=now)
+        .update(**schedule_at(at=now, release=False))
     )
 
 

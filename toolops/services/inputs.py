@@ -28,6 +28,7 @@ from ledger.digests import canonical_digest
 from ledger.errors import IllegalTransition
 from ledger.models import InputRequest, Operation
 from ledger.services.events import event_append_locked, operation_record_event
+from ledger.services.schedule import schedule_at, schedule_cleared
 from ledger.services.transitions import operation_transition
 from ledger.states import State
 from toolops.errors import ToolopsError
@@ -35,7 +36,7 @@ from toolops.services.cancel import CancelRefused, operation_cancel
 from toolops.services.connections import adapter_for_server, server_call
 from toolops.services.json_input import JsonInputRefused, json_input_check
 from toolops.services.permissions import SYSTEM, Action, Actor, operation_tenant, permission_require
-from toolops.services.reconcile import RELEASE, operation_to_reconciliation
+from toolops.services.reconcile import operation_to_reconciliation
 from toolops.services.schedule import operation_reschedule_after_error
 
 logger = logging.getLogger("toolops.inputs")
@@ -123,8 +124,8 @@ def operation_open_input_round(
             # there yet, or the task ended during the read. Keep polling; the status decides.
             Operation.objects.filter(id=op.id, lease_owner=lease_owner,
                                      execution_epoch=op.execution_epoch).update(
-                **RELEASE, next_poll_at=timezone.now() + timedelta(
-                    seconds=float(settings.TOOLOPS_POLL_FLOOR_SECONDS)),
+                **schedule_at(at=timezone.now() + timedelta(
+                    seconds=float(settings.TOOLOPS_POLL_FLOOR_SECONDS))),
                 server_state=task.status,
             )
             event_append_locked(
@@ -139,7 +140,7 @@ def operation_open_input_round(
         operation_transition(
             operation_id=op.id, from_state=State.WORKING, to_state=State.INPUT_REQUIRED,
             execution_epoch=locked.execution_epoch, lease_owner=lease_owner,
-            updates={**fields, **RELEASE, "next_poll_at": None, "input_round": rounds[-1].round},
+            updates={**fields, **schedule_cleared(), "input_round": rounds[-1].round},
             event_kind="input_round_opened",
             event_data={**data, "rounds": [r.round for r in rounds],
                         "server_request_ids": [r.server_request_id for r in rounds]},
@@ -178,7 +179,7 @@ def operation_open_round_on_create(
         operation_transition(
             operation_id=op.id, from_state=State.SUBMITTING, to_state=State.INPUT_REQUIRED,
             execution_epoch=locked.execution_epoch, lease_owner=lease_owner,
-            updates={**fields, "remote_id": task.remote_id, **RELEASE, "next_poll_at": None,
+            updates={**fields, "remote_id": task.remote_id, **schedule_cleared(),
                      "input_round": rounds[-1].round},
             event_kind="submitted",
             event_data={"remote_id": task.remote_id, "reply": task.raw},
@@ -372,7 +373,7 @@ def _resume_after_delivery(*, op: Operation, input_request_id: int, input_round:
         operation_transition(
             operation_id=op.id, from_state=State.INPUT_REQUIRED, to_state=State.WORKING,
             execution_epoch=locked.execution_epoch, cancel_generation=locked.cancel_generation,
-            updates={"next_poll_at": now}, event_kind="input_delivered",
+            updates=schedule_at(at=now, release=False), event_kind="input_delivered",
             event_data={"round": input_round, "rounds_still_open": False},
         )
     return "delivered"

@@ -19,7 +19,8 @@ from adapters import (
 from adapters.base import RemoteTask
 from ledger.errors import IllegalTransition
 from ledger.models import Operation
-from ledger.services.transitions import RELEASE, operation_transition, operation_update_guarded
+from ledger.services.schedule import RELEASE, schedule_cleared, schedule_now
+from ledger.services.transitions import operation_transition, operation_update_guarded
 from ledger.states import State, TerminalStatus
 from toolops.logging import get_logger, operation_log_context_for
 from toolops.scheduling import poll_deadline_reason
@@ -103,7 +104,7 @@ def _operation_poll(*, op: Operation, lease_owner: str) -> str:
             operation_id=op.id, from_state=State.SUBMITTING, to_state=State.SUBMISSION_UNKNOWN,
             execution_epoch=op.execution_epoch, lease_owner=lease_owner,
             # Due at once: the resolution pass (lookup by key) picks it up.
-            updates={**RELEASE, "next_poll_at": timezone.now()},
+            updates=schedule_now(),
             event_kind="submission_unknown",
             event_data={"reason": "submitter lost before recording the outcome"},
         )
@@ -118,7 +119,7 @@ def _operation_poll(*, op: Operation, lease_owner: str) -> str:
     if op.state not in (State.WORKING, State.CANCEL_REQUESTED):
         operation_update_guarded(
             operation_id=op.id, state=op.state, execution_epoch=op.execution_epoch,
-            lease_owner=lease_owner, updates={**RELEASE, "next_poll_at": None},
+            lease_owner=lease_owner, updates=schedule_cleared(),
             event_kind="poll_skipped", event_data={"reason": f"state {op.state} is not polled"},
         )
         return "not_pollable"

@@ -22,7 +22,8 @@ from ledger.digests import canonical_digest
 from ledger.errors import AcceptanceRefused
 from ledger.models import Operation, OperationEvent, ReconciliationItem
 from ledger.services.acceptance import input_rounds_withdraw, operation_accept_terminal
-from ledger.services.transitions import RELEASE, operation_transition, operation_update_guarded
+from ledger.services.schedule import schedule_at, schedule_cleared, schedule_now
+from ledger.services.transitions import operation_transition, operation_update_guarded
 from ledger.states import State, TerminalStatus
 from toolops.errors import ToolopsError
 from toolops.services.json_input import JsonInputRefused, json_input_check
@@ -67,7 +68,7 @@ def operation_to_reconciliation(*, op: Operation, lease_owner: str | None, reaso
         operation_transition(
             operation_id=op.id, from_state=op.state, to_state=State.RECONCILIATION_REQUIRED,
             execution_epoch=op.execution_epoch, lease_owner=lease_owner,
-            updates={**RELEASE, "next_poll_at": None},
+            updates=schedule_cleared(),
             event_kind="reconciliation_required", event_data={"reason": reason, **evidence},
         )
         return ReconciliationItem.objects.create(
@@ -139,7 +140,7 @@ def reconciliation_attach_remote_id(*, item_id: int, remote_id: str, actor: Acto
         operation_transition(
             operation_id=op.id, from_state=State.RECONCILIATION_REQUIRED, to_state=State.WORKING,
             execution_epoch=op.execution_epoch,
-            updates={**RELEASE, "remote_id": remote_id, "next_poll_at": now,
+            updates={**schedule_at(at=now), "remote_id": remote_id,
                      # A fresh wait budget: the next observation narrows it to the server's ttl.
                      "expires_at": now + timedelta(seconds=float(settings.TOOLOPS_WAIT_BUDGET_SECONDS))},
             event_kind="reconciliation_resolved",
@@ -169,7 +170,7 @@ def reconciliation_declare_never_created(*, item_id: int, actor: Actor | str,
             )
         operation_transition(
             operation_id=op.id, from_state=State.RECONCILIATION_REQUIRED, to_state=State.NOT_FOUND_SAFE,
-            execution_epoch=op.execution_epoch, updates={**RELEASE, "next_poll_at": None},
+            execution_epoch=op.execution_epoch, updates=schedule_cleared(),
             event_kind="reconciliation_resolved", event_data=who,
         )
         input_rounds_withdraw(operation_id=op.id)
@@ -220,12 +221,12 @@ def reconciliation_accept_terminal(
             operation_id=op.id, from_state=State.RECONCILIATION_REQUIRED,
             to_state=State.TERMINAL_OBSERVED, execution_epoch=op.execution_epoch,
             # Due from the first write on (op_open_row_scheduled), not only after the second.
-            updates={"terminal_status": terminal_status, "next_poll_at": timezone.now()},
+            updates={"terminal_status": terminal_status, **schedule_now(release=False)},
             event_kind="reconciliation_resolved", event_data={**who, "terminal_status": terminal_status},
         )
         operation_transition(
             operation_id=op.id, from_state=State.TERMINAL_OBSERVED, to_state=State.FETCHING_RESULT,
-            execution_epoch=op.execution_epoch, updates={"next_poll_at": timezone.now()},
+            execution_epoch=op.execution_epoch, updates=schedule_now(release=False),
             event_kind="fetching_result",
         )
         if keep_fetched:
@@ -268,7 +269,7 @@ def reconciliation_abandon(*, item_id: int, actor: Actor | str, reason: str) -> 
     def apply(op: Operation, who: dict[str, Any]) -> None:
         operation_transition(
             operation_id=op.id, from_state=State.RECONCILIATION_REQUIRED, to_state=State.ABANDONED,
-            execution_epoch=op.execution_epoch, updates={**RELEASE, "next_poll_at": None},
+            execution_epoch=op.execution_epoch, updates=schedule_cleared(),
             event_kind="reconciliation_resolved", event_data=who,
         )
         input_rounds_withdraw(operation_id=op.id)  # an abandoned row takes no more answers

@@ -36,12 +36,13 @@ from adapters import (
 from adapters.base import KEY_DEDUP_RESEND, KEY_LOOKUP, LIST_SCAN, RemoteTask, ResendRequest
 from ledger.models import Operation, OperationEvent
 from ledger.services.events import operation_record_event
+from ledger.services.schedule import RELEASE, schedule_at, schedule_cleared, schedule_now
 from ledger.services.transitions import operation_transition, operation_update_guarded
 from ledger.states import State
 from toolops.errors import ToolopsError
 from toolops.scheduling import next_poll_at
 from toolops.services.connections import adapter_for_server, server_call
-from toolops.services.reconcile import RELEASE, operation_to_reconciliation
+from toolops.services.reconcile import operation_to_reconciliation
 from toolops.services.schedule import task_schedule_fields
 from toolops.services.servers import server_renegotiate
 
@@ -92,7 +93,7 @@ def _candidates(*, op: Operation, modes: frozenset[str], until: datetime) -> lis
 
 def _found(*, op: Operation, lease_owner: str, task: RemoteTask, how: str) -> str:
     fields = task_schedule_fields(op=op, task=task, now=timezone.now())
-    fields["next_poll_at"] = timezone.now()  # poll at once: the state it is in comes from `get`
+    fields.update(schedule_now(release=False))  # poll at once: its state comes from `get`
     try:
         operation_transition(
             operation_id=op.id, from_state=State.SUBMISSION_UNKNOWN, to_state=State.WORKING,
@@ -153,7 +154,7 @@ def operation_resolve_submission(*, operation_id: uuid.UUID, lease_owner: str) -
         operation_transition(
             operation_id=op.id, from_state=State.SUBMISSION_UNKNOWN, to_state=State.NOT_FOUND_SAFE,
             execution_epoch=op.execution_epoch, lease_owner=lease_owner,
-            updates={**RELEASE, "next_poll_at": None}, event_kind="never_created",
+            updates=schedule_cleared(), event_kind="never_created",
             event_data={"classification": Classification.NEVER_CREATED, "proof": True,
                         "evidence": str(exc), "detail": exc.detail},
         )
@@ -180,9 +181,9 @@ def operation_resolve_submission(*, operation_id: uuid.UUID, lease_owner: str) -
     operation_update_guarded(
         operation_id=op.id, state=State.SUBMISSION_UNKNOWN, execution_epoch=op.execution_epoch,
         lease_owner=lease_owner,
-        updates={**RELEASE, "next_poll_at": min(
+        updates=schedule_at(at=min(
             next_poll_at(now=now, poll_interval_ms=None, expires_at=None, retry_after_s=retry_s),
-            deadline)},
+            deadline)),
         event_kind="submission_lookup", event_data={"found": False, **last_error},
     )
     return "lookup_pending"

@@ -19,7 +19,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 
 from adapters import AdapterError, NotFoundError
 from adapters.base import FetchedResult, RemoteTask
@@ -28,8 +27,9 @@ from ledger.errors import AcceptanceRefused, IllegalTransition
 from ledger.models import Operation
 from ledger.services.acceptance import operation_accept_terminal_within
 from ledger.services.events import operation_record_event
+from ledger.services.schedule import RELEASE, schedule_now
 from ledger.services.shadow import operation_accept_shadow_terminal
-from ledger.services.transitions import RELEASE, operation_transition, operation_update_guarded
+from ledger.services.transitions import operation_transition, operation_update_guarded
 from ledger.states import State, TerminalStatus
 from toolops.logging import operation_log_context_for
 from toolops.services.connections import RateLimited, server_call
@@ -80,7 +80,7 @@ def operation_record_terminal_seen(
         "server_status_message": task.status_message or "",
         "poll_interval_ms": task.poll_interval_ms,
         # Due at once if this worker dies now: the next claimer continues with the fetch.
-        "next_poll_at": timezone.now(),
+        **schedule_now(release=False),
     }
     if remote_id is not None:
         updates["remote_id"] = remote_id
@@ -139,7 +139,7 @@ def _store_result(*, op: Operation, lease_owner: str, stored: dict[str, Any],
     # Stays due (under our lease) until acceptance clears it: should acceptance be refused or the
     # transaction's later writes fail, the row is re-claimed when the lease runs out, never stranded.
     updates = {"result": stored, "result_kind": stored["kind"], "result_digest": digest,
-               "terminal_status": terminal_status, "next_poll_at": timezone.now()}
+               "terminal_status": terminal_status, **schedule_now(release=False)}
     ok = operation_update_guarded(
         operation_id=op.id, state=State.FETCHING_RESULT, execution_epoch=op.execution_epoch,
         cancel_generation=op.cancel_generation, lease_owner=lease_owner, updates=updates,
@@ -298,7 +298,7 @@ def operation_complete_sync(
             operation_transition(
                 operation_id=op.id, from_state=State.SUBMITTING, to_state=State.TERMINAL_OBSERVED,
                 execution_epoch=op.execution_epoch, lease_owner=lease_owner,
-                updates={"terminal_status": status, "next_poll_at": timezone.now()},
+                updates={"terminal_status": status, **schedule_now(release=False)},
                 event_kind="sync_result", event_data={"kind": result.kind, "is_error": result.is_error},
                 known=_known(op),
             )

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from ledger.models import Operation, RolloutChange, RolloutConfig, ToolServer
 from ledger.services.events import event_append_locked
+from ledger.services.schedule import RELEASE, schedule_at
 from ledger.states import OPEN
 from toolops.errors import ServerNotFound, SubmitRefused, ToolopsError
 from toolops.services.dispatch import CLAIMABLE
@@ -203,12 +204,11 @@ def operation_hand_over_locked(
     event so that worker, when it comes back, is refused by name (executors.worker_refused_at_start).
     """
     fields: dict[str, Any] = {"execution_epoch": F("execution_epoch") + 1,
-                              "executor_path": to_path, "lease_owner": "",
-                              "lease_expires_at": None, "updated_at": now}
+                              "executor_path": to_path, **RELEASE, "updated_at": now}
     if op.state in CLAIMABLE:
         # The receiving executor takes it at once (also a row whose schedule lived only in the
         # revoked lease: op_open_row_scheduled).
-        fields["next_poll_at"] = now
+        fields.update(schedule_at(at=now, release=False))
     changed = Operation.objects.filter(
         Q(id=op.id), Q(execution_epoch=op.execution_epoch), ~Q(executor_path=to_path),
     ).update(**fields)

@@ -1,4 +1,9 @@
-"""Scheduling writes: the one module that releases leases and sets `next_poll_at` after a poll.
+"""What an answer (or a failed call) makes of a row's schedule: the next poll time from the
+server's interval and ttl, backoff after errors, the release after a refused QPS token.
+
+The fields themselves are spelled by `ledger.services.schedule`, the one owner of writes of
+`next_poll_at` and the lease; this module decides the times and hands its fields to the guarded
+UPDATE of the poll cycle.
 
 The bottom of the services: it imports no other service that polls, fetches or accepts, so the
 poll loop (observe), the fetch (results), cancel, inputs and resolution all build on it and none
@@ -17,7 +22,8 @@ from django.utils.dateparse import parse_datetime
 from adapters import AdapterError, TransientError
 from adapters.base import RemoteTask
 from ledger.models import Operation
-from ledger.services.transitions import RELEASE, operation_update_guarded
+from ledger.services.schedule import RELEASE, schedule_at, schedule_cleared
+from ledger.services.transitions import operation_update_guarded
 from toolops.scheduling import backoff_window_seconds, next_poll_after_error_at, next_poll_at
 from toolops.services.connections import RateLimited
 
@@ -47,9 +53,9 @@ def task_schedule_fields(*, op: Operation, task: RemoteTask, now: datetime) -> d
         "ttl_ms": task.ttl_ms,
         "expires_at": expires,
         # input_required pauses polling: the row resumes when its input round is answered.
-        "next_poll_at": None if paused else next_poll_at(
+        **(schedule_cleared(release=False) if paused else schedule_at(at=next_poll_at(
             now=now, poll_interval_ms=task.poll_interval_ms, expires_at=expires
-        ),
+        ), release=False)),
         "last_polled_at": now,
         # An answer ends a run of failed calls: the next error starts its backoff afresh.
         "poll_errors_in_row": 0,
@@ -72,13 +78,12 @@ def operation_reschedule_after_error(
         operation_id=op.id, state=op.state, execution_epoch=op.execution_epoch,
         lease_owner=lease_owner,
         updates={
-            **RELEASE,
             "poll_errors_in_row": F("poll_errors_in_row") + 1,
             "last_polled_at": now,
-            "next_poll_at": next_poll_after_error_at(
+            **schedule_at(at=next_poll_after_error_at(
                 now=now, poll_interval_ms=op.poll_interval_ms, expires_at=op.expires_at,
                 consecutive_errors=errors, retry_after_s=retry_after,
-            ),
+            )),
         },
         event_kind=kind,
         event_data={"error": str(error), "type": type(error).__name__, "detail": error.detail,
@@ -100,4 +105,4 @@ def operation_reschedule_rate_limited(*, op: Operation, lease_owner: str, limite
         at = max(op.expires_at, timezone.now())
     return Operation.objects.filter(
         id=op.id, state=op.state, execution_epoch=op.execution_epoch, lease_owner=lease_owner,
-    ).update(**RELEASE, next_poll_at=at) == 1
+    ).update(**schedule_at(at=at)) == 1

@@ -33,7 +33,8 @@ from ledger.digests import request_digest
 from ledger.errors import IllegalTransition
 from ledger.models import Operation, ToolServer
 from ledger.services.events import event_append_locked
-from ledger.services.transitions import RELEASE, operation_transition
+from ledger.services.schedule import RELEASE, schedule_at, schedule_leased, schedule_now
+from ledger.services.transitions import operation_transition
 from ledger.states import State, TerminalStatus
 from toolops.errors import LedgerUnavailable, ServerNotFound, SubmissionKeyTaken, SubmitRefused
 from toolops.services.adapters_admin import adapter_assert_accepting
@@ -145,11 +146,9 @@ def _insert_row(
         tenant=tenant,
         submission_digest=submission_digest,
         state=State.SUBMITTING,
-        lease_owner=lease_owner,
-        lease_expires_at=now + lease,
         # If this process dies before recording the outcome, the dispatcher finds the row
         # when the lease ends and moves it to SUBMISSION_UNKNOWN (never a resend).
-        next_poll_at=now + lease,
+        **schedule_leased(owner=lease_owner, until=now + lease),
         ttl_ms=ttl_ms,
         expires_at=now + timedelta(seconds=float(settings.TOOLOPS_WAIT_BUDGET_SECONDS)),
     )
@@ -336,7 +335,7 @@ def _send_and_record(*, op: Operation, server: ToolServer, owner: str) -> Operat
         operation_transition(
             operation_id=op.id, from_state=State.SUBMITTING, to_state=State.SUBMISSION_UNKNOWN,
             execution_epoch=op.execution_epoch, lease_owner=owner,
-            updates={**RELEASE, "next_poll_at": timezone.now()},
+            updates=schedule_now(),
             event_kind="submission_unknown", event_data={"error": str(exc), "detail": exc.detail},
         )
         return Operation.objects.get(id=op.id)
@@ -349,7 +348,7 @@ def _send_and_record(*, op: Operation, server: ToolServer, owner: str) -> Operat
             execution_epoch=op.execution_epoch, lease_owner=owner,
             # Due (op_open_row_scheduled) until the next transition: should it fail, the
             # resolution pass looks the key up and finds nothing.
-            updates={**RELEASE, "next_poll_at": timezone.now()},
+            updates=schedule_now(),
             event_kind="submit_refused_by_server",
             event_data={"error": str(exc), "type": type(exc).__name__, "detail": exc.detail},
         )
@@ -404,7 +403,7 @@ def _record_task_reply(*, op: Operation, owner: str, task: RemoteTask) -> Operat
         # read yet, the row is WORKING and due now, and the poll opens the round.
         if operation_open_round_on_create(op=op, lease_owner=owner, task=task, fields=fields):
             return Operation.objects.get(id=op.id)
-        fields["next_poll_at"] = now
+        fields.update(schedule_at(at=now, release=False))
     to_state = State.WORKING
     updates = {"remote_id": task.remote_id, **fields, **RELEASE}
     operation_transition(

@@ -37,7 +37,7 @@ def bob() -> APIClient:
     return principal(username="bob", org="globex")
 
 
-def _submit(client: APIClient, node: str, key: str | None = None, value: str = "teal",
+def _post_call(client: APIClient, node: str, key: str | None = None, value: str = "teal",
             seconds: float = 0.2, **extra: object):
     headers = {"HTTP_IDEMPOTENCY_KEY": key} if key is not None else {}
     body = {"server": "ref", "tool": "sleep_then_complete", "call_node_id": node,
@@ -57,7 +57,7 @@ def test_unauthenticated_and_organisationless_principals_are_refused(server: Too
 
 def test_submit_list_retrieve_with_events_and_receipt(server: ToolServer, alice: APIClient,
                                                       mcp_url: str) -> None:
-    created = _submit(alice, "n-1")
+    created = _post_call(alice, "n-1")
     assert created.status_code == 201, created.content
     op_id = created.json()["id"]
     assert created.json()["state"] == State.WORKING
@@ -84,7 +84,7 @@ def test_submit_list_retrieve_with_events_and_receipt(server: ToolServer, alice:
 def test_tenants_never_see_cancel_or_answer_each_others_operations(
     server: ToolServer, alice: APIClient, bob: APIClient
 ) -> None:
-    op_id = _submit(alice, "n-private").json()["id"]
+    op_id = _post_call(alice, "n-private").json()["id"]
     op = Operation.objects.get(id=op_id)
     round_ = InputRequest.objects.create(
         operation=op, round=1, server_request_id="r1", method="elicitation/create", params={},
@@ -109,8 +109,8 @@ def test_tenants_never_see_cancel_or_answer_each_others_operations(
     op.refresh_from_db()
     assert op.cancel_generation == 0 and op.state == State.WORKING
     # The same Idempotency-Key in two tenants names two different submissions.
-    a = _submit(alice, "n-same", key="k-shared")
-    b = _submit(bob, "n-same", key="k-shared")
+    a = _post_call(alice, "n-same", key="k-shared")
+    b = _post_call(bob, "n-same", key="k-shared")
     assert a.status_code == b.status_code == 201
     assert a.json()["id"] != b.json()["id"]
 
@@ -121,15 +121,15 @@ def test_private_servers_are_visible_only_to_their_tenant(server: ToolServer, al
     assert [s["name"] for s in alice.get("/api/servers/").json()["results"]] == ["ref"]
     assert bob.get("/api/servers/").json()["count"] == 0
     assert bob.get("/api/servers/ref/").status_code == 404
-    refused = _submit(bob, "n-x")
+    refused = _post_call(bob, "n-x")
     assert refused.status_code == 400 and "no tool server named 'ref'" in refused.json()["detail"]
     assert Operation.objects.filter(tenant="globex").count() == 0
 
 
 def test_idempotency_key_same_body_returns_the_existing_operation(server: ToolServer, alice: APIClient,
                                                                  mcp_url: str) -> None:
-    first = _submit(alice, "n-idem", key="order-42")
-    again = _submit(alice, "n-idem", key="order-42")
+    first = _post_call(alice, "n-idem", key="order-42")
+    again = _post_call(alice, "n-idem", key="order-42")
     assert first.status_code == 201 and again.status_code == 200
     assert first.json()["id"] == again.json()["id"]
     assert Operation.objects.count() == 1
@@ -140,11 +140,11 @@ def test_idempotency_key_same_body_returns_the_existing_operation(server: ToolSe
 
 def test_idempotency_key_with_a_different_body_is_refused_with_422(server: ToolServer,
                                                                    alice: APIClient) -> None:
-    assert _submit(alice, "n-idem", key="order-43").status_code == 201
-    changed = _submit(alice, "n-idem", key="order-43", value="crimson")
+    assert _post_call(alice, "n-idem", key="order-43").status_code == 201
+    changed = _post_call(alice, "n-idem", key="order-43", value="crimson")
     assert changed.status_code == 422
     assert "different submission" in changed.json()["detail"]
-    other_node = _submit(alice, "n-other", key="order-43")
+    other_node = _post_call(alice, "n-other", key="order-43")
     assert other_node.status_code == 422
     assert Operation.objects.count() == 1
 
@@ -207,7 +207,7 @@ def test_invalid_submissions_are_refused_and_write_nothing(server: ToolServer, a
 def test_cancel_is_tenant_scoped_and_a_second_cancel_conflicts(
     server: ToolServer, alice: APIClient, bob: APIClient, mcp_url: str
 ) -> None:
-    created = _submit(alice, "n-cancel", seconds=30)
+    created = _post_call(alice, "n-cancel", seconds=30)
     op_id = created.json()["id"]
     assert bob.post(f"/api/operations/{op_id}/cancel/", {}, format="json").status_code == 404
     response = alice.post(f"/api/operations/{op_id}/cancel/", {}, format="json")

@@ -24,6 +24,7 @@ from ledger.states import State
 from tests.ledger.factories import OperationFactory
 from tests.peers.fault_transport import FaultTransport, Rule
 from tests.peers.launch import peer_stats
+from tests.toolops.helpers import submit_sleep
 from toolops import runner
 from toolops.services import boundary, db_retry
 from toolops.services.connections import adapter_for_server
@@ -50,12 +51,6 @@ def server(mcp_url: str) -> ToolServer:
     ToolServer.objects.filter(pk=srv.pk).update(max_qps=1000.0)
     srv.refresh_from_db()
     return srv
-
-
-def _submit(server: ToolServer, value: str, seconds: float = 0.2) -> Operation:
-    return operation_submit(server_name=server.name, tool_name="sleep_then_complete",
-                            call_node_id=f"eb-{uuid.uuid4().hex[:10]}",
-                            arguments={"seconds": seconds, "value": value}, ttl_ms=60_000)
 
 
 @contextmanager
@@ -115,7 +110,7 @@ def _crashes(op: Operation) -> list[dict[str, Any]]:
 
 def test_a_row_whose_writes_fail_is_queued_and_its_batch_mate_is_accepted(
         server: ToolServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    poison, healthy = _submit(server, "poison"), _submit(server, "healthy")
+    poison, healthy = submit_sleep(server, value="poison"), submit_sleep(server, value="healthy")
     _due_now(poison, healthy)
     batches = _spy_batches(monkeypatch)
     # Every write of the poisoned row's cycle fails with a real DataError (SQLSTATE 22000); the
@@ -145,7 +140,7 @@ def test_a_row_whose_writes_fail_is_queued_and_its_batch_mate_is_accepted(
 
 def test_an_unexpected_exception_is_recorded_redacted_and_the_row_retried(
         server: ToolServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    flaky, healthy = _submit(server, "flaky"), _submit(server, "fine")
+    flaky, healthy = submit_sleep(server, value="flaky"), submit_sleep(server, value="fine")
     _due_now(flaky, healthy)
     adapter_cls = type(adapter_for_server(server=server))
     real_get = adapter_cls.get
@@ -173,7 +168,7 @@ def test_an_unexpected_exception_is_recorded_redacted_and_the_row_retried(
 
 def test_a_stored_result_whose_acceptance_fails_stays_due_and_is_accepted_later(
         server: ToolServer, mcp_url: str) -> None:
-    op = _submit(server, "blip")
+    op = submit_sleep(server, value="blip")
     # The receipt insert fails once as if the database went away (SQLSTATE 08006).
     with pg_trigger(table="ledger_terminalreceipt", errcode="08006", message="server closed",
                     when="TRUE", times=1):
@@ -188,7 +183,7 @@ def test_a_stored_result_whose_acceptance_fails_stays_due_and_is_accepted_later(
 
 def test_a_crash_that_cannot_be_recorded_leaves_the_lease_which_is_reclaimed(
         server: ToolServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    op = _submit(server, "unrecorded")
+    op = submit_sleep(server, value="unrecorded")
     _due_now(op)
 
     def db_down(**_kwargs: Any) -> str:
@@ -240,7 +235,7 @@ def test_run_returns_at_its_deadline_and_hands_back_unpolled_rows(
 
 def test_a_failing_claim_makes_the_loop_nap_not_end(
         server: ToolServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    op = _submit(server, "after-blip")
+    op = submit_sleep(server, value="after-blip")
     real = runner.operations_claim_due
     failures = {"left": 2}
 
@@ -258,7 +253,7 @@ def test_a_failing_claim_makes_the_loop_nap_not_end(
 
 def test_a_second_operation_handed_the_same_remote_id_is_queued(
         server: ToolServer, faults: FaultTransport, mcp_url: str) -> None:
-    first = _submit(server, "first", seconds=0.3)
+    first = submit_sleep(server, value="first", seconds=0.3)
 
     def same_task(message: dict[str, Any]) -> dict[str, Any]:
         result = message["result"]
@@ -266,7 +261,7 @@ def test_a_second_operation_handed_the_same_remote_id_is_queued(
                                                           "taskId": first.remote_id}}}
 
     faults.script(Rule(action="rewrite", method="tools/call", rewrite=same_task))
-    second = _submit(server, "second", seconds=0.3)
+    second = submit_sleep(server, value="second", seconds=0.3)
     assert second.state == State.RECONCILIATION_REQUIRED and second.remote_id == ""
     item = ReconciliationItem.objects.get(operation=second)
     assert item.reason == "remote_id_collision"
@@ -281,7 +276,7 @@ def test_a_second_operation_handed_the_same_remote_id_is_queued(
 def test_a_reply_write_that_fails_for_a_moment_is_retried(server: ToolServer, mcp_url: str) -> None:
     with pg_trigger(table="ledger_operation", errcode="08006", message="server closed",
                     when="NEW.remote_id <> '' AND OLD.remote_id = ''", times=2):
-        op = _submit(server, "retried")
+        op = submit_sleep(server, value="retried")
     assert op.state == State.WORKING and op.remote_id
     runner.run_embedded(until_idle=True, max_seconds=60)
     op.refresh_from_db()
@@ -321,7 +316,7 @@ def test_the_celery_poll_task_and_the_path_executor_use_the_boundary(
     from toolops.tasks import poll_operation
 
     settings.TOOLOPS_EXECUTOR_MAX_CRASHES = 1000  # retried, not queued: the row must come back
-    op = _submit(server, "via-task")
+    op = submit_sleep(server, value="via-task")
     _due_now(op)
 
     def crash(**_kwargs: Any) -> str:

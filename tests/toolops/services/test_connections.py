@@ -121,11 +121,15 @@ def test_a_second_request_without_a_token_is_refused_and_not_sent(
 ) -> None:
     transport = RecordingTransport()
     _route(monkeypatch, transport)
-    server = _server(mcp_url, rate=0.2)  # one token per 5 s: the follow-up cannot wait for it
+    # The submit is only the setup (it may need a session first: two requests), so it runs under
+    # an ordinary cap; then the cap drops to one token per 5 s, which the follow-up cannot wait for.
+    server = _server(mcp_url, rate=RATE)
     op = operation_submit(server_name=server.name, tool_name="sleep_then_complete",
                           call_node_id="n-second-request", arguments={"seconds": 30, "value": "v"},
                           ttl_ms=60_000)
     assert op.state == State.WORKING
+    ToolServer.objects.filter(pk=server.pk).update(max_qps=0.2)
+    server.refresh_from_db()
     qps_bucket().reset(key=server_bucket_key(server_id=server.pk))
     sent_before = len(transport.sent)
 

@@ -23,6 +23,7 @@ from ledger.services.transitions import operation_transition
 from ledger.states import State
 from tests.peers.fault_transport import DropToolsCall
 from tests.peers.launch import peer_lookup, peer_stats, running_reference_server
+from tests.toolops.helpers import submit_sleep
 from toolops.errors import SubmitRefused
 from toolops.runner import run_embedded
 from toolops.services import connections
@@ -30,7 +31,6 @@ from toolops.services.observe import operation_poll
 from toolops.services.reconcile import reconciliation_attach_remote_id
 from toolops.services.results import _store_result, _stored_result, operation_record_terminal_seen
 from toolops.services.servers import server_add
-from toolops.services.submit import operation_submit
 
 pytestmark = pytest.mark.django_db
 
@@ -54,11 +54,6 @@ def _inject(monkeypatch: pytest.MonkeyPatch, fault: DropToolsCall) -> None:
     monkeypatch.setattr(connections, "adapter_for", faulty)
 
 
-def _submit(server: ToolServer, node: str, *, seconds: float = 0.3, ttl_ms: int = 60_000) -> Operation:
-    return operation_submit(server_name=server.name, tool_name="sleep_then_complete", call_node_id=node,
-                            arguments={"seconds": seconds, "value": node}, ttl_ms=ttl_ms)
-
-
 def _settle() -> None:
     run_embedded(until_idle=True, max_seconds=30)
 
@@ -80,7 +75,7 @@ def test_lost_answer_resolved_by_cooperating_lookup(coop_url: str,
     server = server_add(name="coop", url=coop_url)
     _inject(monkeypatch, DropToolsCall(forward=True))
     before = peer_stats(coop_url)["tasks_created"]
-    op = _submit(server, "lost-coop")
+    op = submit_sleep(server, node="lost-coop", seconds=0.3)
     assert op.state == State.SUBMISSION_UNKNOWN and not op.remote_id
     assert op.next_poll_at is not None  # scheduled for its resolution pass
     created = peer_lookup(coop_url, op.submission_key)
@@ -100,7 +95,7 @@ def test_lost_answer_resolved_by_dedup_resend_in_the_same_session(
     server = server_add(name="dedup", url=dedup_url)
     _inject(monkeypatch, DropToolsCall(forward=True))
     before = peer_stats(dedup_url)["tasks_created"]
-    op = _submit(server, "lost-dedup")
+    op = submit_sleep(server, node="lost-dedup", seconds=0.3)
     assert op.state == State.SUBMISSION_UNKNOWN
     lost = OperationEvent.objects.get(operation=op, kind="submission_unknown")
     assert lost.data["detail"]["session"].startswith("sha256:")  # never the session id itself
@@ -118,7 +113,7 @@ def test_dedup_resend_is_refused_after_the_session_changed(
     server = server_add(name="dedup", url=dedup_url)
     _inject(monkeypatch, DropToolsCall(forward=True))
     before = peer_stats(dedup_url)["tasks_created"]
-    op = _submit(server, "lost-dedup-new-session")
+    op = submit_sleep(server, node="lost-dedup-new-session", seconds=0.3)
     # Another worker re-initialised: the same key in the new session would be a second task.
     from toolops.services.servers import server_renegotiate
 
@@ -144,7 +139,7 @@ def test_lost_answer_without_cooperation_goes_to_the_queue_with_candidates(
     server = server_add(name="plain", url=mcp_url)
     _inject(monkeypatch, DropToolsCall(forward=True))
     before = peer_stats(mcp_url)["tasks_created"]
-    op = _submit(server, "lost-plain")
+    op = submit_sleep(server, node="lost-plain", seconds=0.3)
     _settle()
     op.refresh_from_db()
     assert op.state == State.RECONCILIATION_REQUIRED and not op.remote_id
@@ -169,10 +164,10 @@ def test_never_created_is_proven_by_the_fencing_lookup_then_resubmitted(
     fault = DropToolsCall(forward=False)
     _inject(monkeypatch, fault)
     before = peer_stats(coop_url)["tasks_created"]
-    op = _submit(server, "never-created")
+    op = submit_sleep(server, node="never-created", seconds=0.3)
     assert op.state == State.SUBMISSION_UNKNOWN
     with pytest.raises(SubmitRefused):  # not proven yet: no new attempt for the call node
-        _submit(server, "never-created")
+        submit_sleep(server, node="never-created", seconds=0.3)
     _settle()
     op.refresh_from_db()
     assert op.state == State.NOT_FOUND_SAFE
@@ -187,7 +182,7 @@ def test_never_created_is_proven_by_the_fencing_lookup_then_resubmitted(
     assert outcome.task is None and outcome.sync_result is not None and outcome.sync_result.is_error
     assert peer_stats(coop_url)["refused_fenced"] >= 1
     # Proven never created: a new attempt is allowed, and it is the only task of the call node.
-    second = _submit(server, "never-created")
+    second = submit_sleep(server, node="never-created", seconds=0.3)
     assert second.state == State.WORKING and second.submission_key != op.submission_key
     _settle()
     second.refresh_from_db()
@@ -198,7 +193,7 @@ def test_never_created_is_proven_by_the_fencing_lookup_then_resubmitted(
 def test_404_before_expiry_is_unknown_and_queued(mcp_url: str) -> None:
     server = server_add(name="plain", url=mcp_url)
     before = peer_stats(mcp_url)["tasks_created"]
-    op = _submit(server, "gone-early", seconds=5)
+    op = submit_sleep(server, node="gone-early", seconds=5)
     # The server forgets the task (a purge we do not control): here, an id it never issued.
     Operation.objects.filter(id=op.id).update(remote_id="no-such-task", next_poll_at=timezone.now())
     _settle()
@@ -229,7 +224,7 @@ def _wait_gone(server: ToolServer, remote_id: str, url: str) -> None:
 def test_404_after_expiry_without_receipt_is_unknown(mcp_url: str) -> None:
     server = server_add(name="plain", url=mcp_url)
     before = peer_stats(mcp_url)["tasks_created"]
-    op = _submit(server, "gone-late", seconds=0.1, ttl_ms=1000)
+    op = submit_sleep(server, node="gone-late", seconds=0.1, ttl_ms=1000)
     # We did not look in time (e.g. workers down) and our own budget was still open.
     # (Not polled for a day, rather than unscheduled: op_open_row_scheduled forbids that.)
     Operation.objects.filter(id=op.id).update(next_poll_at=timezone.now() + timedelta(days=1),
@@ -247,7 +242,7 @@ def test_404_after_expiry_without_receipt_is_unknown(mcp_url: str) -> None:
 def test_expired_ttl_without_terminal_state_is_unknown(mcp_url: str) -> None:
     server = server_add(name="plain", url=mcp_url)
     before = peer_stats(mcp_url)["tasks_created"]
-    op = _submit(server, "ttl-ran-out", seconds=5)
+    op = submit_sleep(server, node="ttl-ran-out", seconds=5)
     Operation.objects.filter(id=op.id).update(expires_at=timezone.now() - timedelta(seconds=1),
                                               next_poll_at=timezone.now())
     _settle()
@@ -260,7 +255,7 @@ def test_expired_ttl_without_terminal_state_is_unknown(mcp_url: str) -> None:
 def test_expired_with_receipt_proceeds_to_acceptance(mcp_url: str) -> None:
     server = server_add(name="plain", url=mcp_url)
     before = peer_stats(mcp_url)["tasks_created"]
-    op = _submit(server, "digested-then-expired", seconds=0.1, ttl_ms=1000)
+    op = submit_sleep(server, node="digested-then-expired", seconds=0.1, ttl_ms=1000)
     adapter = adapter_for(version=server.adapter_version, url=mcp_url, session_id=server.session_id)
     for _ in range(50):
         task = adapter.get(remote_id=op.remote_id)
@@ -296,7 +291,7 @@ def test_expired_with_receipt_proceeds_to_acceptance(mcp_url: str) -> None:
 def test_lost_session_is_unknown_and_the_session_is_reinitialised(mcp_url: str) -> None:
     server = server_add(name="plain", url=mcp_url)
     before = peer_stats(mcp_url)["tasks_created"]
-    op = _submit(server, "session-lost", seconds=3)
+    op = submit_sleep(server, node="session-lost", seconds=3)
     old_session = server.session_id
     # The session ends on the server (SDK servers forget that session's tasks).
     httpx.delete(mcp_url, headers={"Mcp-Session-Id": old_session,
@@ -312,7 +307,7 @@ def test_lost_session_is_unknown_and_the_session_is_reinitialised(mcp_url: str) 
     server.refresh_from_db()
     assert server.session_id and server.session_id != old_session  # re-initialised
     # New work runs in the new session; the lost task is never resubmitted.
-    fresh = _submit(server, "after-session-loss", seconds=0.1)
+    fresh = submit_sleep(server, node="after-session-loss", seconds=0.1)
     _settle()
     fresh.refresh_from_db()
     assert fresh.state == State.ACCEPTED

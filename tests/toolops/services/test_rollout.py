@@ -10,9 +10,9 @@ from ledger.models import Operation, OutboxEvent, ShadowComparison, TerminalRece
 from ledger.selectors.rollout import shadow_report
 from ledger.states import State
 from tests.peers.launch import peer_stats
+from tests.toolops.helpers import submit_sleep, submit_tool_call
 from toolops.runner import run_embedded
 from toolops.services.rollout import canary_bucket, rollout_configure
-from toolops.services.submit import operation_submit
 
 BOUNDS = {"read_value": 10.0, "write_value": 10.0, "quick_sync": 5.0}
 
@@ -20,11 +20,6 @@ BOUNDS = {"read_value": 10.0, "write_value": 10.0, "quick_sync": 5.0}
 @pytest.fixture
 def server_options() -> dict[str, Any]:
     return {"sync_bounds": BOUNDS}
-
-
-def _submit(tool: str, node: str, value: str = "v", seconds: float = 0.2) -> Operation:
-    return operation_submit(server_name="ref", tool_name=tool, call_node_id=node,
-                            arguments={"seconds": seconds, "value": value}, ttl_ms=60_000)
 
 
 def _share(nodes: list[str], bp: int) -> float:
@@ -53,7 +48,7 @@ def test_canary_routes_by_bucket_and_a_change_affects_new_calls_only(server: Too
     rollout_configure(server_name="ref", tool_name="read_value", canary_percent=50.0,
                       actor="test", reason="half")
     nodes = [f"canary-{i}" for i in range(12)]
-    ops = [_submit("read_value", n, seconds=0) for n in nodes]
+    ops = [submit_tool_call("ref", "read_value", n, seconds=0, value="v") for n in nodes]
     for n, op in zip(nodes, ops, strict=True):
         expected = "tasks" if canary_bucket(call_node_id=n) < 5000 else "legacy"
         assert op.executor_path == expected
@@ -64,7 +59,7 @@ def test_canary_routes_by_bucket_and_a_change_affects_new_calls_only(server: Too
     # Rows already created keep their path; a new call now takes the legacy path.
     assert [Operation.objects.get(id=o.id).executor_path for o in ops] == [
         o.executor_path for o in ops]
-    assert _submit("read_value", "canary-new", seconds=0).executor_path == "legacy"
+    assert submit_tool_call("ref", "read_value", "canary-new", seconds=0, value="v").executor_path == "legacy"
     run_embedded(until_idle=True, max_seconds=30)
     assert Operation.objects.filter(state=State.ACCEPTED).count() == 13
 
@@ -76,7 +71,7 @@ def test_shadow_on_read_only_tool_records_comparison_and_no_outbox(
     rollout_configure(server_name="ref", tool_name="read_value", canary_percent=0.0, shadow=True,
                       actor="test", reason="shadow the read")
     before = peer_stats(mcp_url)["tasks_created"]
-    legacy = _submit("read_value", "shadow-1", value="same")
+    legacy = submit_tool_call("ref", "read_value", "shadow-1", seconds=0.2, value="same")
     assert legacy.executor_path == "legacy" and legacy.state == State.ACCEPTED
     shadow = Operation.objects.get(shadow_of=legacy)
     assert shadow.shadow and shadow.executor_path == "tasks" and shadow.remote_id
@@ -99,7 +94,7 @@ def test_shadow_on_read_only_tool_records_comparison_and_no_outbox(
 def test_shadow_disagreement_is_reported(server: ToolServer) -> None:
     rollout_configure(server_name="ref", tool_name="read_value", shadow=True,
                       actor="test", reason="shadow")
-    legacy = _submit("read_value", "shadow-2", value="x")
+    legacy = submit_tool_call("ref", "read_value", "shadow-2", seconds=0.2, value="x")
     shadow = Operation.objects.get(shadow_of=legacy)
     # The shadow's arguments are the legacy call's; make the legacy outcome differ after the
     # fact by changing what it stored (as a path bug would) before the shadow finishes.
@@ -119,7 +114,7 @@ def test_tool_with_side_effects_is_never_shadowed(server: ToolServer, mcp_url: s
     rollout_configure(server_name="ref", tool_name="write_value", shadow=True,
                       actor="test", reason="try to shadow a write")
     before = peer_stats(mcp_url)
-    op = _submit("write_value", "write-1", seconds=0)
+    op = submit_tool_call("ref", "write_value", "write-1", seconds=0, value="v")
     assert op.executor_path == "legacy" and op.state == State.ACCEPTED
     assert not Operation.objects.filter(shadow=True).exists()
     after = peer_stats(mcp_url)
@@ -159,7 +154,7 @@ def test_submit_that_chose_tasks_before_a_rollback_commits_is_refused_after(
 
     def submit() -> None:
         try:
-            result.append(_submit("sleep_then_complete", "race-1"))
+            result.append(submit_sleep("ref", node="race-1", value="v"))
         except SubmitRefused as exc:
             result.append(exc)
         finally:
