@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from ledger.states import TRANSITIONS
 from toolops.conformance import (
     AIP,
+    MCP_STATUSES,
     SHAPE_A,
     SHAPE_B,
     UNKNOWN,
@@ -60,3 +62,70 @@ def test_the_issue_cases_are_cells() -> None:
 def test_docs_print_the_table_as_the_code_has_it() -> None:
     assert conformance_markdown() in DOC.read_text(), (
         "docs/conformance.md is out of step: paste toolops.conformance.conformance_markdown()")
+
+
+# The walk modules: one per adapter; each cell is walked by a test parametrized over `cell`.
+WALK_MODULES = (
+    "tests.toolops.test_conformance_mcp_tasks_2025",
+    "tests.toolops.test_conformance_mcp_tasks_ext_2026",
+    "tests.toolops.test_conformance_aip151",
+)
+# Cells no server can be told to produce, with the reason. Each one is a stated gap: a cell
+# that gains a walk must leave this list (checked below), and a new cell must gain a walk or
+# a line here.
+_NO_SERVER_YET = "no server can be told to answer this way yet"
+NOT_WALKED: dict[tuple[str, str, str, str], str] = {
+    # AIP-151 has no input state: no operation can say `input_required`.
+    (AIP, "cancel_reply", "input_required", "CANCEL_REQUESTED"):
+        "AIP-151 operations have no input_required state",
+    **{(SHAPE_B, position, status, state): _NO_SERVER_YET
+       for position, state in (("create_reply", "SUBMITTING"), ("cancel_reply", "CANCEL_REQUESTED"),
+                               ("get", "CANCEL_REQUESTED"), ("notification", "WORKING"),
+                               ("result", "FETCHING_RESULT"))
+       for status in (*MCP_STATUSES, UNKNOWN)
+       if not (position == "cancel_reply" and status == "cancelled")
+       and not (position == "result" and status in ("working", "input_required", UNKNOWN))
+       and not (position == "get" and status == UNKNOWN)},
+    **{(SHAPE_B, "get", status, "WORKING"): _NO_SERVER_YET for status in ("cancelled", UNKNOWN)},
+    **{(SHAPE_B, "ext_get_inline", status, "WORKING"): _NO_SERVER_YET
+       for status in ("completed without result", "failed without error",
+                      "input_required+answered key", "input_required+inputRequests+result")},
+    **{(SHAPE_A, position, status, state): _NO_SERVER_YET
+       for position, state in (("list", "SUBMISSION_UNKNOWN"), ("notification", "WORKING"))
+       for status in (*MCP_STATUSES, UNKNOWN)},
+    **{(SHAPE_A, "lookup_by_key", status, "SUBMISSION_UNKNOWN"): _NO_SERVER_YET
+       for status in MCP_STATUSES},
+    **{(SHAPE_A, "result", status, "FETCHING_RESULT"): _NO_SERVER_YET
+       for status in ("completed", "failed", "cancelled")},
+}
+
+
+def _key(c: Cell) -> tuple[str, str, str, str]:
+    return (c.adapter, c.position, c.status, str(c.from_state))
+
+
+def walked_cells() -> dict[tuple[str, str, str, str], list[str]]:
+    """Every cell a walk module's tests are parametrized over, with the tests walking it.
+
+    Read from the `parametrize` marks pytest itself expands, so a cell counts only if a test
+    is generated for it."""
+    walked: dict[tuple[str, str, str, str], list[str]] = {}
+    for name in WALK_MODULES:
+        module = importlib.import_module(name)
+        for attr, fn in vars(module).items():
+            if not attr.startswith("test_") or not callable(fn):
+                continue
+            for mark in getattr(fn, "pytestmark", []):
+                if mark.name == "parametrize" and mark.args[0] == "cell":
+                    for c in mark.args[1]:
+                        walked.setdefault(_key(c), []).append(f"{name.rsplit('.', 1)[1]}::{attr}")
+    return walked
+
+
+def test_every_cell_of_the_table_is_walked_against_a_server() -> None:
+    walked = walked_cells()
+    table = {_key(c) for c in conformance_table()}
+    missing = sorted(k for k in table if k not in walked and k not in NOT_WALKED)
+    assert not missing, f"cells without a walking test (or a stated reason): {missing}"
+    stale = sorted(k for k in NOT_WALKED if k in walked or k not in table)
+    assert not stale, f"NOT_WALKED names cells that are walked or not in the table: {stale}"
