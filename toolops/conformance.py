@@ -93,11 +93,16 @@ def _status_read(adapter: str, position: str) -> list[Cell]:
 
 
 def _list_and_lookup(adapter: str) -> list[Cell]:
-    """`tasks/list` entries are CANDIDATES for an operator (a listed task carries no key), never
-    a move; a task found by submission key resolves the row to WORKING whatever its status, and
-    the `get` that follows at once decides from there."""
-    cells = [Cell(adapter, "list", status, S.SUBMISSION_UNKNOWN, None, "submission_lookup")
-             for status in (*MCP_STATUSES, UNKNOWN)]
+    """`tasks/list` entries are CANDIDATES for an operator (a listed task carries no key): the list
+    is read when nothing can prove the row's task (no key lookup, or its deadline passed), and the
+    row goes to the operator with the listed tasks in the evidence, whatever their status. A task
+    found by submission key resolves the row to WORKING whatever its status, and the `get` that
+    follows at once decides from there."""
+    cells = [Cell(adapter, "list", status, S.SUBMISSION_UNKNOWN, S.RECONCILIATION_REQUIRED,
+                  "reconciliation_required") for status in MCP_STATUSES]
+    cells.append(Cell(adapter, "list", UNKNOWN, S.SUBMISSION_UNKNOWN, S.RECONCILIATION_REQUIRED,
+                      "reconciliation_required",
+                      violation="list entry with a status the protocol lacks: no candidates"))
     cells += [Cell(adapter, "lookup_by_key", status, S.SUBMISSION_UNKNOWN, S.WORKING,
                    "submission_resolved") for status in MCP_STATUSES]
     return cells

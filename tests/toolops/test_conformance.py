@@ -90,13 +90,6 @@ NOT_WALKED: dict[tuple[str, str, str, str], str] = {
     **{(SHAPE_B, "ext_get_inline", status, "WORKING"): _NO_SERVER_YET
        for status in ("completed without result", "failed without error",
                       "input_required+answered key", "input_required+inputRequests+result")},
-    **{(SHAPE_A, position, status, state): _NO_SERVER_YET
-       for position, state in (("list", "SUBMISSION_UNKNOWN"), ("notification", "WORKING"))
-       for status in (*MCP_STATUSES, UNKNOWN)},
-    **{(SHAPE_A, "lookup_by_key", status, "SUBMISSION_UNKNOWN"): _NO_SERVER_YET
-       for status in MCP_STATUSES},
-    **{(SHAPE_A, "result", status, "FETCHING_RESULT"): _NO_SERVER_YET
-       for status in ("completed", "failed", "cancelled")},
 }
 
 
