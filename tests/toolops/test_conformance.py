@@ -10,7 +10,6 @@ import pytest
 from ledger.states import TRANSITIONS
 from toolops.conformance import (
     AIP,
-    MCP_STATUSES,
     SHAPE_A,
     SHAPE_B,
     UNKNOWN,
@@ -73,23 +72,10 @@ WALK_MODULES = (
 # Cells no server can be told to produce, with the reason. Each one is a stated gap: a cell
 # that gains a walk must leave this list (checked below), and a new cell must gain a walk or
 # a line here.
-_NO_SERVER_YET = "no server can be told to answer this way yet"
 NOT_WALKED: dict[tuple[str, str, str, str], str] = {
     # AIP-151 has no input state: no operation can say `input_required`.
     (AIP, "cancel_reply", "input_required", "CANCEL_REQUESTED"):
         "AIP-151 operations have no input_required state",
-    **{(SHAPE_B, position, status, state): _NO_SERVER_YET
-       for position, state in (("create_reply", "SUBMITTING"), ("cancel_reply", "CANCEL_REQUESTED"),
-                               ("get", "CANCEL_REQUESTED"), ("notification", "WORKING"),
-                               ("result", "FETCHING_RESULT"))
-       for status in (*MCP_STATUSES, UNKNOWN)
-       if not (position == "cancel_reply" and status == "cancelled")
-       and not (position == "result" and status in ("working", "input_required", UNKNOWN))
-       and not (position == "get" and status == UNKNOWN)},
-    **{(SHAPE_B, "get", status, "WORKING"): _NO_SERVER_YET for status in ("cancelled", UNKNOWN)},
-    **{(SHAPE_B, "ext_get_inline", status, "WORKING"): _NO_SERVER_YET
-       for status in ("completed without result", "failed without error",
-                      "input_required+answered key", "input_required+inputRequests+result")},
 }
 
 
