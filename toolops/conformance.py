@@ -6,9 +6,10 @@ operation fields, the extension's `tasks/get`) crossed with each status the prot
 plus one the protocol does not know, gives the local move (from-state -> to-state, or a stay)
 and the event the ledger records. A combination the protocol forbids is a protocol violation:
 the row stays (or goes to SUBMISSION_UNKNOWN / reconciliation, as listed) with an event naming
-the reason, never a crash. `tests/ledger/test_conformance_table.py` checks that every move here
-is in the state table (ledger/states.py); `tests/conformance/` walks every cell against a server
-told to answer that way. docs/conformance.md prints this table for readers.
+the reason, never a crash. `tests/toolops/test_conformance.py` checks that every move here is in
+the state table (ledger/states.py) and that every cell is walked by
+`tests/toolops/test_conformance_<adapter>.py` against a server told to answer that way (or named
+with the reason it cannot be). docs/conformance.md prints this table for readers.
 
 Plain data: importable without Django's app registry beyond ledger.states.
 """
