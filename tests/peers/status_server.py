@@ -10,6 +10,7 @@ The one tool, `scripted`, takes `{"script": {...}}`:
   get:    list of statuses `tasks/get` reports in turn (the last one repeats)
   cancel: status in the `tasks/cancel` reply, or "error" for -32602 (default "cancelled")
   result: the CallToolResult `tasks/result` returns once the task is terminal
+  result_errors: how many `tasks/result` reads of the terminal task fail with -32603 first
   lose_create: true: the task is created and the connection closed without the reply
   notify: {"taskId": ..., "status": ...}: every `tasks/get` of this task is answered on an SSE
           stream that first pushes that `notifications/tasks/status`
@@ -218,6 +219,10 @@ class Handler(BaseHTTPRequestHandler):
             if task is None:
                 return self._json({"jsonrpc": "2.0", "id": rid,
                                    "error": {"code": -32602, "message": "Task not found"}})
+            if task.status in TERMINAL and task.script.get("result_errors", 0) > 0:
+                task.script["result_errors"] -= 1
+                return self._json({"jsonrpc": "2.0", "id": rid,
+                                   "error": {"code": -32603, "message": "try again"}})
             if task.status in TERMINAL:
                 result = dict(task.script.get("result") or {"content": [
                     {"type": "text", "text": json.dumps(task.answers)}]})

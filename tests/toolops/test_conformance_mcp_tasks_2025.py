@@ -157,10 +157,15 @@ RESULTS: dict[str, dict[str, Any]] = {
 def test_result(server: ToolServer, cell: Cell) -> None:
     script: dict[str, Any] = {"create": "working", "get": [cell.status]}
     if cell.status in RESULTS:
-        script["result"] = RESULTS[cell.status]
+        # The first read fails, so the result is read by a later poll of a FETCHING_RESULT row.
+        script.update(result=RESULTS[cell.status], result_errors=1)
     op = _submit(script, node=f"result-{cell.status}")
     _poll_once(op)
     op.refresh_from_db()
+    if cell.status in RESULTS:
+        assert op.state == State.FETCHING_RESULT and not op.result_digest, op.state
+        _poll_once(op)
+        op.refresh_from_db()
     _check(op, cell)
     assert op.receipt.terminal_status == cell.status
     if cell.status in RESULTS:
