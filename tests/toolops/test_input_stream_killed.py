@@ -6,8 +6,9 @@ and keeps no copy (`TaskResultHandler._deliver_queued_messages`). A reader kille
 request reached it, before it recorded the round, takes the round with it: the next process's
 stream gets nothing, ever. The row must not hang or advance on that: each poll records
 `input_required_no_new_round`, and at the end of the wait budget the row goes to the
-reconciliation queue. If a future SDK re-delivers, the first assertion below fails and the
-recovery (the round opening in the next process) must be asserted instead.
+reconciliation queue. The same holds for a round asked after the kill: the dead reader's handler
+outlives it and takes that round. If a future SDK re-delivers, these tests fail and the recovery
+(the round opening in the next process) must be asserted instead.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ledger.models import InputRequest, Operation, OperationEvent, Reconciliatio
 from ledger.states import State
 from toolops.services.connections import adapter_for_server
 from toolops.services.dispatch import operations_claim_due
+from toolops.services.inputs import operation_answer_input
 from toolops.services.observe import operation_poll
 from toolops.services.submit import operation_submit
 
@@ -116,3 +118,52 @@ def test_the_server_still_waits_for_the_lost_request_id(server: ToolServer) -> N
         op.refresh_from_db()
     assert op.state == State.ACCEPTED, op.state
     assert op.receipt.payload["payload"]["structuredContent"] == {"answers": ["teal"]}
+
+
+# A killed worker's stream opened while the task had nothing queued: it reports the open stream
+# and waits to be killed; the server's handler for it waits on the task's queue.
+IDLE_READER = textwrap.dedent("""
+    import sys, time, httpx
+    url, session, task_id = sys.argv[1:4]
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
+               "Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+    body = {"jsonrpc": "2.0", "id": "orphaned-reader", "method": "tasks/result",
+            "params": {"taskId": task_id}}
+    with httpx.Client(timeout=60) as client, client.stream("POST", url, headers=headers,
+                                                           json=body) as response:
+        print(response.status_code, flush=True)
+        time.sleep(120)
+""")
+
+
+def test_a_killed_readers_handler_swallows_the_next_round(server: ToolServer) -> None:
+    """The second case: the dead reader held a stream with nothing on it. Its handler on the
+    server outlives it (only `notifications/cancelled` for its id stops it) and takes the round
+    the task asks next, which no later stream gets."""
+    op = operation_submit(server_name=server.name, tool_name="ask_input", call_node_id="orphan",
+                          arguments={"question": "colour?", "rounds": 2}, ttl_ms=300_000)
+    deadline = time.monotonic() + 15
+    while op.state != State.INPUT_REQUIRED and time.monotonic() < deadline:
+        _poll(op)
+        op.refresh_from_db()
+    assert op.state == State.INPUT_REQUIRED and op.input_round == 1  # round 1, read here
+    server.refresh_from_db()
+    reader = subprocess.Popen(
+        [sys.executable, "-c", IDLE_READER, server.url, str(server.session_id), op.remote_id],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert reader.stdout is not None
+        assert reader.stdout.readline().strip() == "200", reader.stderr
+        time.sleep(0.5)  # the server is running the handler for that request
+    finally:
+        os.killpg(reader.pid, signal.SIGKILL)
+        reader.wait(timeout=10)
+
+    ir = InputRequest.objects.get(operation=op, round=1)
+    assert operation_answer_input(operation_id=op.id, input_round=1, schema_digest=ir.schema_digest,
+                                  response={"value": "teal"}) == "delivered"
+    for _ in range(2):
+        assert _poll(op) == "input_required_replayed"
+    op.refresh_from_db()
+    assert op.state == State.WORKING and op.server_state == "input_required"
+    assert not InputRequest.objects.filter(operation=op, round=2).exists()
