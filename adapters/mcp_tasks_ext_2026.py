@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import base64
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -45,7 +45,7 @@ from adapters.errors import (
     TaskNotSupportedError,
     TransientError,
 )
-from adapters.jsonrpc import JsonRpcClient, RpcReply
+from adapters.jsonrpc import JsonRpcClient, Message, RpcReply, message_kind
 
 PROTOCOL_VERSION = "2026-07-28"
 EXTENSION = "io.modelcontextprotocol/tasks"
@@ -223,6 +223,9 @@ class McpTasksExt2026Adapter:
         # whose answer is on its way is not handed out twice. Durable dedup (one round per
         # key) is the ledger's InputRequest unique constraint; this only saves a round trip.
         self._answered: dict[str, set[str]] = {}
+        # Notifications a server pushed on a reply's stream (a `notifications/tasks/status` for
+        # some task): the caller takes them as hints to poll sooner, never as a task's state.
+        self.notifications: deque[Message] = deque(maxlen=256)
 
     @property
     def session_id(self) -> str | None:
@@ -235,8 +238,10 @@ class McpTasksExt2026Adapter:
     def _call(self, *, method: str, params: dict[str, Any], name: str | None, with_tasks: bool = True,
               timeout_s: float | None = None, creates: bool = False) -> RpcReply:
         full = {**params, "_meta": {**params.get("_meta", {}), **_client_meta(with_tasks=with_tasks)}}
-        return self._rpc.routed_call(method=method, params=full, name=name, timeout_s=timeout_s,
-                                     creates=creates)
+        reply = self._rpc.routed_call(method=method, params=full, name=name, timeout_s=timeout_s,
+                                      creates=creates)
+        self.notifications.extend(m for m in reply.others if message_kind(m) == "notification")
+        return reply
 
     def negotiate(self) -> Negotiated:
         reply = self._call(method="server/discover", params={}, name=None)

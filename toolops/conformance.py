@@ -6,9 +6,10 @@ operation fields, the extension's `tasks/get`) crossed with each status the prot
 plus one the protocol does not know, gives the local move (from-state -> to-state, or a stay)
 and the event the ledger records. A combination the protocol forbids is a protocol violation:
 the row stays (or goes to SUBMISSION_UNKNOWN / reconciliation, as listed) with an event naming
-the reason, never a crash. `tests/ledger/test_conformance_table.py` checks that every move here
-is in the state table (ledger/states.py); `tests/conformance/` walks every cell against a server
-told to answer that way. docs/conformance.md prints this table for readers.
+the reason, never a crash. `tests/toolops/test_conformance.py` checks that every move here is in
+the state table (ledger/states.py) and that every cell is walked by
+`tests/toolops/test_conformance_<adapter>.py` against a server told to answer that way (or named
+with the reason it cannot be). docs/conformance.md prints this table for readers.
 
 Plain data: importable without Django's app registry beyond ledger.states.
 """
@@ -93,11 +94,16 @@ def _status_read(adapter: str, position: str) -> list[Cell]:
 
 
 def _list_and_lookup(adapter: str) -> list[Cell]:
-    """`tasks/list` entries are CANDIDATES for an operator (a listed task carries no key), never
-    a move; a task found by submission key resolves the row to WORKING whatever its status, and
-    the `get` that follows at once decides from there."""
-    cells = [Cell(adapter, "list", status, S.SUBMISSION_UNKNOWN, None, "submission_lookup")
-             for status in (*MCP_STATUSES, UNKNOWN)]
+    """`tasks/list` entries are CANDIDATES for an operator (a listed task carries no key): the list
+    is read when nothing can prove the row's task (no key lookup, or its deadline passed), and the
+    row goes to the operator with the listed tasks in the evidence, whatever their status. A task
+    found by submission key resolves the row to WORKING whatever its status, and the `get` that
+    follows at once decides from there."""
+    cells = [Cell(adapter, "list", status, S.SUBMISSION_UNKNOWN, S.RECONCILIATION_REQUIRED,
+                  "reconciliation_required") for status in MCP_STATUSES]
+    cells.append(Cell(adapter, "list", UNKNOWN, S.SUBMISSION_UNKNOWN, S.RECONCILIATION_REQUIRED,
+                      "reconciliation_required",
+                      violation="list entry with a status the protocol lacks: no candidates"))
     cells += [Cell(adapter, "lookup_by_key", status, S.SUBMISSION_UNKNOWN, S.WORKING,
                    "submission_resolved") for status in MCP_STATUSES]
     return cells

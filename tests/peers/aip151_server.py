@@ -7,7 +7,8 @@ AIPs directly, on the standard library's HTTP server (full control over the sock
 Endpoints (prefix `v1`, parent `projects/p/locations/l`, names nested and opaque):
 * POST /v1/projects/p/locations/l/jobs:run   create; body = arguments + `requestId` (AIP-155)
     arguments: seconds (run time), outcome "response" | "error" (errorCode, message) | "neither"
-    | "both" (a done operation breaking "exactly one of", for conformance tests),
+    | "both" (a done operation breaking "exactly one of", for conformance tests) | "done_string"
+    (a done operation whose `done` is the string "true", not a boolean),
     value, instant (done on create), cancelLoses (cancel is acked, work finishes anyway),
     cancelDelaySeconds (cancellation takes effect later), expireAfterSeconds (gone after done)
 * GET    /v1/{name}            GetOperation (ticking `metadata` with `@type`)
@@ -105,9 +106,11 @@ def _json(op: Op, now: float) -> dict[str, Any]:
         "metadata": {"@type": METADATA_TYPE, "progressPercent": min(progress, 100)},
         "done": op.finished_at is not None,
     }
+    if op.finished_at is not None and op.outcome == "done_string":
+        body["done"] = "true"  # breaks AIP-151's boolean `done` (conformance tests)
     if op.finished_at is not None:
         # "neither" / "both": a server breaking AIP-151's "exactly one of" (conformance tests).
-        if op.outcome in ("response", "both"):
+        if op.outcome in ("response", "both", "done_string"):
             body["response"] = {"@type": RESPONSE_TYPE, "value": op.value}
         if op.outcome in ("error", "both", "cancelled"):
             body["error"] = {"code": op.error_code, "message": op.error_message, "details": []}
@@ -285,7 +288,8 @@ class Handler(BaseHTTPRequestHandler):
                 op = Op(
                     name=name, request_id=request_id, fingerprint=fingerprint, created=now,
                     seconds=0.0 if instant else float(args.get("seconds", 0.3)),
-                    outcome=str(args["outcome"]) if args.get("outcome") in ("error", "neither", "both")
+                    outcome=str(args["outcome"]) if args.get("outcome") in (
+                        "error", "neither", "both", "done_string")
                     else "response",
                     value=str(args.get("value", "done")), error_code=int(args.get("errorCode", 13)),
                     error_message=str(args.get("message", "deliberate failure")),

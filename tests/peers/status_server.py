@@ -10,6 +10,13 @@ The one tool, `scripted`, takes `{"script": {...}}`:
   get:    list of statuses `tasks/get` reports in turn (the last one repeats)
   cancel: status in the `tasks/cancel` reply, or "error" for -32602 (default "cancelled")
   result: the CallToolResult `tasks/result` returns once the task is terminal
+  result_errors: how many `tasks/result` reads of the terminal task fail with -32603 first
+  lose_create: true: the task is created and the connection closed without the reply
+  notify: {"taskId": ..., "status": ...}: every `tasks/get` of this task is answered on an SSE
+          stream that first pushes that `notifications/tasks/status`
+The server declares a fencing lookup by submission key (POST /lookup {"key"}, the
+`io.toolops/submission-key` capability the Shape A adapter reads) on /mcp; on /mcp-nokey it
+declares none, so a lost create there is resolved by an operator from `tasks/list` candidates.
 A task whose current status is `input_required` has one elicitation request pending: it is
 delivered on the next `tasks/result` stream, which stays open until the client sends
 `notifications/cancelled` for it (as the SDK handler does), and an answer moves the script on.
@@ -29,6 +36,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 PROTOCOL = "2025-11-25"
+SUBMISSION_KEY_META = "io.toolops/submission-key"
+KEY_CAPABILITY = {SUBMISSION_KEY_META: {"lookup": {"path": "/lookup", "fences": True}}}
 RELATED = "io.modelcontextprotocol/related-task"
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 SCHEMA = {"type": "object", "properties": {"value": {"type": "string"}}, "required": ["value"]}
@@ -40,6 +49,7 @@ class Task:
     script: dict[str, Any]
     status: str
     gets: list[str]
+    submission_key: str = ""
     answers: list[Any] = field(default_factory=list)
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)  # request id -> request
     cancelled_streams: set[str] = field(default_factory=set)
@@ -56,6 +66,15 @@ class State:
         self.tasks: dict[str, Task] = {}
         self.ids = itertools.count(1)
         self.log: list[str] = []
+
+    def reset(self) -> None:
+        """Forget every task (a test that reads `tasks/list` wants only its own)."""
+        with self.lock:
+            self.tasks.clear()
+
+    def by_key(self, key: str) -> Task | None:
+        with self.lock:
+            return next((t for t in self.tasks.values() if t.submission_key == key), None)
 
     def ask(self, task: Task) -> None:
         """Queue the elicitation for an `input_required` task (once per round)."""
@@ -97,6 +116,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        if self.path == "/lookup":
+            return self._lookup(str(body.get("key")))
         method, rid, params = body.get("method"), body.get("id"), body.get("params") or {}
         with STATE.lock:
             STATE.log.append(str(method or "response"))
@@ -114,15 +135,24 @@ class Handler(BaseHTTPRequestHandler):
         if method == "tasks/result":
             return self._result(rid, params["taskId"])
         result = self._dispatch(method, params)
+        if method == "tools/call" and result.pop("lose", False):
+            self.close_connection = True  # created, and the reply never leaves
+            return None
+        push = result.pop("push", None)
+        if push is not None:
+            return self._stream_reply(rid, result, push)
         if "error" in result:
             return self._json({"jsonrpc": "2.0", "id": rid, "error": result["error"]})
         return self._json({"jsonrpc": "2.0", "id": rid, "result": result})
 
     def _dispatch(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         if method == "initialize":
+            capabilities: dict[str, Any] = {
+                "tools": {}, "tasks": {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}}
+            if not self.path.endswith("-nokey"):
+                capabilities["experimental"] = KEY_CAPABILITY
             return {"protocolVersion": PROTOCOL, "serverInfo": {"name": "status", "version": "1"},
-                    "capabilities": {"tools": {}, "tasks": {"list": {}, "cancel": {},
-                                                            "requests": {"tools": {"call": {}}}}}}
+                    "capabilities": capabilities}
         if method == "tools/list":
             return {"tools": [{"name": "scripted", "inputSchema": {"type": "object"},
                                "execution": {"taskSupport": "required"}}]}
@@ -131,20 +161,25 @@ class Handler(BaseHTTPRequestHandler):
             with STATE.lock:
                 task = Task(task_id=f"st-{next(STATE.ids)}", script=script,
                             status=script.get("create", "working"),
-                            gets=list(script.get("get") or ["working"]))
+                            gets=list(script.get("get") or ["working"]),
+                            submission_key=str((params.get("_meta") or {}).get(SUBMISSION_KEY_META)))
                 STATE.tasks[task.task_id] = task
                 STATE.ask(task)
-                return {"task": task.wire()}
+                return {"task": task.wire(), "lose": bool(script.get("lose_create"))}
         with STATE.lock:
+            if method == "tasks/list":
+                return {"tasks": [t.wire() for t in STATE.tasks.values()]}
             task = STATE.tasks.get(str(params.get("taskId")))
             if task is None:
                 return {"error": {"code": -32602, "message": "Task not found"}}
             if method == "tasks/get":
                 if not task.pending:
                     STATE.advance(task)
+                notify = task.script.get("notify")
+                if notify:
+                    return {**task.wire(), "push": {"jsonrpc": "2.0", "method":
+                                                    "notifications/tasks/status", "params": notify}}
                 return task.wire()
-            if method == "tasks/list":
-                return {"tasks": [t.wire() for t in STATE.tasks.values()]}
             if method == "tasks/cancel":
                 answer = task.script.get("cancel", "cancelled")
                 if answer == "error" or task.status in TERMINAL:
@@ -154,6 +189,22 @@ class Handler(BaseHTTPRequestHandler):
                     task.pending.clear()
                 return {**task.wire(), "status": answer}
         return {"error": {"code": -32601, "message": f"no method {method}"}}
+
+    def _lookup(self, key: str) -> None:
+        task = STATE.by_key(key)
+        if task is None:
+            return self._json({"fenced": True}, 404)
+        return self._json({"taskId": task.task_id, "sameSession": True})
+
+    def _stream_reply(self, rid: Any, result: dict[str, Any], push: dict[str, Any]) -> None:
+        """The reply on an SSE stream, after a message the server pushes first."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Mcp-Session-Id", "status-session")
+        self.end_headers()
+        for message in (push, {"jsonrpc": "2.0", "id": rid, "result": result}):
+            self.wfile.write(f"event: message\ndata: {json.dumps(message)}\n\n".encode())
+        self.wfile.flush()
 
     def _answer(self, body: dict[str, Any]) -> None:
         with STATE.lock:
@@ -168,6 +219,10 @@ class Handler(BaseHTTPRequestHandler):
             if task is None:
                 return self._json({"jsonrpc": "2.0", "id": rid,
                                    "error": {"code": -32602, "message": "Task not found"}})
+            if task.status in TERMINAL and task.script.get("result_errors", 0) > 0:
+                task.script["result_errors"] -= 1
+                return self._json({"jsonrpc": "2.0", "id": rid,
+                                   "error": {"code": -32603, "message": "try again"}})
             if task.status in TERMINAL:
                 result = dict(task.script.get("result") or {"content": [
                     {"type": "text", "text": json.dumps(task.answers)}]})

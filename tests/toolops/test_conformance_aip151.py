@@ -12,7 +12,7 @@ import pytest
 from ledger.models import Operation, ToolServer
 from ledger.states import State
 from tests.toolops.test_conformance_mcp_tasks_2025 import _check, _ids, _poll_once
-from toolops.conformance import AIP, Cell, cells_for
+from toolops.conformance import AIP, UNKNOWN, Cell, cells_for
 from toolops.services.cancel import operation_cancel
 from toolops.services.submit import operation_submit
 
@@ -26,9 +26,8 @@ FIELDS: dict[str, dict[str, Any]] = {
     "done:true+error(other code)": {"seconds": 0.05, "outcome": "error", "errorCode": 13},
     "done:true, neither": {"seconds": 0.05, "outcome": "neither"},
     "done:true, both": {"seconds": 0.05, "outcome": "both"},
+    "done not a boolean": {"seconds": 0.05, "outcome": "done_string"},
 }
-# Cells this server cannot be told to produce (its JSON always has a boolean `done`).
-NOT_WALKED = {"done not a boolean"}
 
 
 def _submit(args: dict[str, Any], node: str) -> Operation:
@@ -36,8 +35,7 @@ def _submit(args: dict[str, Any], node: str) -> Operation:
                             arguments=args, ttl_ms=60_000)
 
 
-@pytest.mark.parametrize("cell", [c for c in cells_for(adapter=AIP, position="operation_fields")
-                                  if c.status not in NOT_WALKED], ids=_ids)
+@pytest.mark.parametrize("cell", cells_for(adapter=AIP, position="operation_fields"), ids=_ids)
 def test_operation_fields(aip_server: ToolServer, cell: Cell) -> None:
     op = _submit(FIELDS[cell.status], node=f"aip-{cell.status}")
     assert op.state == State.WORKING
@@ -55,12 +53,46 @@ def test_create_reply(aip_server: ToolServer, cell: Cell) -> None:
     _check(op, cell)
 
 
-@pytest.mark.parametrize("cell", cells_for(adapter=AIP, position="cancel_reply"), ids=_ids)
+# What the operation read after the (Empty) cancel reply shows, per cell: still running (the
+# cancel takes effect later), cancelled, or done anyway (cancelLoses) with each outcome.
+CANCEL: dict[str, dict[str, Any]] = {
+    "working": {"seconds": 30, "cancelDelaySeconds": 5},
+    "cancelled": {"seconds": 30},
+    "completed": {"seconds": 0.05, "cancelLoses": True},
+    "failed": {"seconds": 0.05, "cancelLoses": True, "outcome": "error", "errorCode": 13},
+    UNKNOWN: {"seconds": 0.05, "cancelLoses": True, "outcome": "done_string"},
+}
+
+
+@pytest.mark.parametrize("cell", [c for c in cells_for(adapter=AIP, position="cancel_reply")
+                                  if c.status in CANCEL], ids=_ids)
 def test_cancel_reply(aip_server: ToolServer, cell: Cell) -> None:
-    if cell.status not in ("working", "cancelled"):
-        pytest.skip("AIP-151's cancel returns Empty; the adapter reads the operation after it")
-    op = _submit({"seconds": 30, **({"cancelDelaySeconds": 5} if cell.status == "working" else {})},
-                 node=f"aip-cancel-{cell.status}")
+    op = _submit(CANCEL[cell.status], node=f"aip-cancel-{cell.status}")
+    time.sleep(0.2)  # the short ones are done by now: the cancel lost the race
     operation_cancel(operation_id=op.id)
     op.refresh_from_db()
     _check(op, cell)
+    assert op.state == State.CANCEL_REQUESTED or cell.status == "cancelled", op.state
+
+
+# The operation fields that end the operation, per receipt status the result read gives.
+RESULT: dict[str, dict[str, Any]] = {
+    "completed": FIELDS["done:true+response"],
+    "failed": FIELDS["done:true+error(other code)"],
+    "cancelled": FIELDS["done:true+error(code 1)"],
+}
+
+
+@pytest.mark.parametrize("cell", cells_for(adapter=AIP, position="result"), ids=_ids)
+def test_result(aip_server: ToolServer, cell: Cell) -> None:
+    """The done operation is read for its outcome (the result read) and accepted with it."""
+    op = _submit(RESULT[cell.status], node=f"aip-result-{cell.status}")
+    time.sleep(0.2)
+    _poll_once(op)
+    op.refresh_from_db()
+    _check(op, cell)
+    assert op.receipt.terminal_status == cell.status
+    if cell.status == "completed":
+        assert op.result["kind"] == "result" and "v" in str(op.result["payload"])
+    elif cell.status == "failed":
+        assert op.result["kind"] == "error" and op.result["payload"]["code"] == 13

@@ -9,8 +9,10 @@ table names and the move (or stay) it names, and that nothing crashed.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -18,7 +20,7 @@ from django.utils import timezone
 
 from ledger.models import Operation, OperationEvent, ToolServer
 from ledger.states import State
-from tests.peers.status_server import serve
+from tests.peers.status_server import STATE, serve
 from toolops.conformance import SHAPE_A, UNKNOWN, Cell, cells_for
 from toolops.services.cancel import operation_cancel
 from toolops.services.dispatch import operations_claim_due
@@ -82,6 +84,12 @@ def _check(op: Operation, cell: Cell) -> None:
     if cell.violation:
         event = events[kinds.index(cell.event)]
         assert event.data, f"{cell}: a violation is recorded with its reason"
+        if cell.event != "cancel_reply_not_cancelled":  # readable, only not what 2025-11-25 says
+            # Typed as a violation: the error's type, or (an unreadable create reply, which is a
+            # possibly created task) the lost reply flagged as one.
+            recorded = json.dumps(event.data)
+            assert "ProtocolViolationError" in recorded or '"protocol_violation": true' in recorded, (
+                f"{cell}: {event.data}")
 
 
 def _ids(cell: Cell) -> str:
@@ -136,3 +144,98 @@ def test_cancel_reply(server: ToolServer, cell: Cell) -> None:
     operation_cancel(operation_id=op.id)
     op.refresh_from_db()
     _check(op, cell)
+
+
+# What `tasks/result` returns for each terminal status (`cancelled` has nothing to fetch).
+RESULTS: dict[str, dict[str, Any]] = {
+    "completed": {"content": [{"type": "text", "text": "done"}]},
+    "failed": {"content": [{"type": "text", "text": "tool failed"}], "isError": True},
+}
+
+
+@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_A, position="result"), ids=_ids)
+def test_result(server: ToolServer, cell: Cell) -> None:
+    script: dict[str, Any] = {"create": "working", "get": [cell.status]}
+    if cell.status in RESULTS:
+        # The first read fails, so the result is read by a later poll of a FETCHING_RESULT row.
+        script.update(result=RESULTS[cell.status], result_errors=1)
+    op = _submit(script, node=f"result-{cell.status}")
+    _poll_once(op)
+    op.refresh_from_db()
+    if cell.status in RESULTS:
+        assert op.state == State.FETCHING_RESULT and not op.result_digest, op.state
+        _poll_once(op)
+        op.refresh_from_db()
+    _check(op, cell)
+    assert op.receipt.terminal_status == cell.status
+    if cell.status in RESULTS:
+        # What the server returned is what was accepted (its task `_meta` aside).
+        payload = {k: v for k, v in op.result["payload"].items() if k != "_meta"}
+        assert payload == RESULTS[cell.status] and op.result["kind"] == "result"
+        assert op.result["is_error"] is (cell.status == "failed")
+    else:
+        assert op.result["kind"] == "none"
+
+
+@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_A, position="notification"), ids=_ids)
+def test_notification(server: ToolServer, cell: Cell) -> None:
+    """A status push about one task, read on another task's `tasks/get` stream, only makes the
+    pushed task's row due now: no event, no state, no server status written from it."""
+    target = _submit({"create": "working", "get": ["working"]}, node=f"push-target-{cell.status}")
+    later = timezone.now() + timedelta(minutes=5)
+    Operation.objects.filter(id=target.id).update(next_poll_at=later)
+    events_before = OperationEvent.objects.filter(operation=target).count()
+    carrier = _submit({"create": "working", "get": ["working"], "notify": {
+        "taskId": target.remote_id, "status": _wire(cell.status),
+        "createdAt": "2026-01-01T00:00:00Z", "lastUpdatedAt": "2026-01-01T00:00:00Z", "ttl": 60_000,
+    }}, node=f"push-carrier-{cell.status}")
+    _poll_once(carrier)
+    target.refresh_from_db()
+    assert target.next_poll_at is not None and target.next_poll_at <= timezone.now(), cell
+    assert target.state == cell.from_state and target.server_state == "working"
+    assert OperationEvent.objects.filter(operation=target).count() == events_before
+
+
+@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_A, position="lookup_by_key"), ids=_ids)
+def test_lookup_by_key(server: ToolServer, cell: Cell) -> None:
+    """The create reply is lost; the server's fencing key lookup finds the task, whatever its
+    status: WORKING, and the `get` that follows decides from there."""
+    op = _submit({"create": cell.status, "get": [cell.status], "lose_create": True},
+                 node=f"lookup-{cell.status}")
+    assert op.state == State.SUBMISSION_UNKNOWN and not op.remote_id
+    _poll_once(op)
+    op.refresh_from_db()
+    _check(op, cell)
+    found = STATE.by_key(op.submission_key)
+    assert found is not None and op.remote_id == found.task_id
+
+
+@pytest.fixture
+def nokey_server(status_url: str) -> ToolServer:
+    """The same server without a key lookup: only `tasks/list` candidates, for an operator."""
+    STATE.reset()  # the list then holds only this test's task
+    return server_add(name="status-nokey", url=f"{status_url}-nokey", max_qps=50)
+
+
+@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_A, position="list"), ids=_ids)
+def test_list(nokey_server: ToolServer, cell: Cell) -> None:
+    op = operation_submit(server_name="status-nokey", tool_name="scripted", call_node_id="list",
+                          arguments={"script": {"create": _wire(cell.status), "lose_create": True}},
+                          ttl_ms=60_000)
+    assert op.state == State.SUBMISSION_UNKNOWN
+    _poll_once(op)
+    op.refresh_from_db()
+    _check(op, cell)
+    event = OperationEvent.objects.get(operation=op, kind=cell.event)
+    task = STATE.by_key(op.submission_key)
+    assert task is not None
+    if cell.violation:
+        # The list could not be read: no candidate, the reason recorded.
+        assert event.data["candidates"] == [{
+            "scan_error": "tasks/list result does not match the 2025-11-25 schema",
+            "type": "ProtocolViolationError"}], event.data
+    else:
+        # The listed task is a candidate with the status it was listed in, never the row's task.
+        assert {"remote_id": task.task_id, "status": cell.status,
+                "created_at": task.created} in event.data["candidates"], event.data
+        assert not op.remote_id

@@ -81,7 +81,7 @@ def _candidates(*, op: Operation, modes: frozenset[str], until: datetime) -> lis
                 created_after=op.created_at - SCAN_SKEW, created_before=until + SCAN_SKEW),
         )
     except AdapterError as exc:
-        return [{"scan_error": str(exc)}]
+        return [{"scan_error": str(exc), "type": type(exc).__name__}]
     taken = set(
         Operation.objects.filter(server_id=op.server_id, remote_id__in=[t.remote_id for t in found])
         .values_list("remote_id", flat=True)

@@ -336,7 +336,8 @@ def _send_and_record(*, op: Operation, server: ToolServer, owner: str) -> Operat
             operation_id=op.id, from_state=State.SUBMITTING, to_state=State.SUBMISSION_UNKNOWN,
             execution_epoch=op.execution_epoch, lease_owner=owner,
             updates=schedule_now(),
-            event_kind="submission_unknown", event_data={"error": str(exc), "detail": exc.detail},
+            event_kind="submission_unknown",
+            event_data={"error": str(exc), "type": type(exc).__name__, "detail": exc.detail},
         )
         return Operation.objects.get(id=op.id)
     except AdapterError as exc:
