@@ -89,13 +89,17 @@ class Operation(models.Model):
     class Meta:
         permissions = [("cancel_operation", "Can cancel operations")]
         indexes = [
-            # The dispatcher's claim query: due rows in pollable states.
-            models.Index(fields=["next_poll_at"], name="op_next_poll_idx",
-                         condition=Q(next_poll_at__isnull=False)),
+            # The dispatcher's claim, one index per branch, each predicate that branch's own
+            # (toolops.services.dispatch): due rows with no lease, walked in due order, and
+            # leased rows, walked in lease order up to the first lease still running. A row in
+            # flight is in the second only, so a walk over due rows never steps past it.
+            models.Index(fields=["next_poll_at"], name="op_due_free_idx",
+                         condition=Q(state__in=[s.value for s in SCHEDULED_STATES],
+                                     lease_expires_at__isnull=True, next_poll_at__isnull=False)),
+            models.Index(fields=["lease_expires_at"], name="op_leased_idx",
+                         condition=Q(state__in=[s.value for s in SCHEDULED_STATES],
+                                     lease_expires_at__isnull=False)),
             models.Index(fields=["state"], name="op_state_idx"),
-            # The claim's second branch: leases that ran out on rows with no next poll time.
-            models.Index(fields=["lease_expires_at"], name="op_lease_unscheduled_idx",
-                         condition=Q(next_poll_at__isnull=True, lease_expires_at__isnull=False)),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(execution_epoch__gte=1), name="op_epoch_positive"),
