@@ -15,7 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connections, router, transaction
-from django.db.models import F, Min, Q
+from django.db.models import F, Q
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -57,14 +57,24 @@ def next_claimable_at(queryset: Any) -> datetime | None:
     """When the earliest row of `queryset` becomes claimable: its next poll time, or its lease's
     end when that is later (a leased row is not ours to poll before then).
 
-    Two reads, one per branch, so each is answered from its partial index (the first is the
-    index's first entry) instead of an aggregate over every open row."""
+    One read per branch, so each is answered from its partial index (the free branch by the
+    index's first entry, the leased one over leased rows only) instead of an aggregate over every
+    open row; on PostgreSQL both are one statement (LEAST skips a branch that has no row)."""
     scoped = queryset.filter(state__in=CLAIMABLE)
     free = (scoped.filter(lease_expires_at__isnull=True, next_poll_at__isnull=False)
-            .order_by("next_poll_at").values_list("next_poll_at", flat=True).first())
-    leased = scoped.filter(lease_expires_at__isnull=False).aggregate(
-        m=Min(Greatest("lease_expires_at", Coalesce("next_poll_at", "lease_expires_at"))))["m"]
-    return min((t for t in (free, leased) if t is not None), default=None)
+            .order_by("next_poll_at").values_list("next_poll_at", flat=True)[:1])
+    leased = (scoped.filter(lease_expires_at__isnull=False)
+              .annotate(at=Greatest("lease_expires_at", Coalesce("next_poll_at", "lease_expires_at")))
+              .order_by("at").values_list("at", flat=True)[:1])
+    connection = connections[queryset.db]
+    if connection.vendor == "postgresql":
+        free_sql, free_params = free.query.sql_with_params()
+        leased_sql, leased_params = leased.query.sql_with_params()
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT LEAST(({free_sql}), ({leased_sql}))", [*free_params, *leased_params])
+            row = cursor.fetchone()
+        return None if row is None else row[0]
+    return min([*free, *leased], default=None)
 
 
 def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None = None) -> list[uuid.UUID]:
