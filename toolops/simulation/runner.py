@@ -225,8 +225,13 @@ class _Run:
                 if self.answer_errors[ir_id] >= ANSWER_RETRIES:
                     self.answered.add(ir_id)
                     self.outcomes[index].errors.append(f"answer round {rnd}: {exc}")
-        never = Operation.objects.filter(server_id__in=server_ids, state=State.NOT_FOUND_SAFE,
-                                         id__in=list(self.current.values())).values_list("id", flat=True)
+        # Rows proven never created, kept to each series' latest attempt in Python: the ledger
+        # holds a few of them, while the run holds one current attempt per started series, and an
+        # IN list of all of those would be sent and parsed again every virtual second.
+        current = set(self.current.values())
+        never = [op_id for op_id in Operation.objects.filter(
+            server_id__in=server_ids, state=State.NOT_FOUND_SAFE).values_list("id", flat=True)
+            if op_id in current]
         for op_id in sorted(never, key=lambda i: self.op_index[i]):
             index = self.op_index[op_id]
             if self.attempts.get(index, 0) < 3:
