@@ -73,7 +73,7 @@ class Operation(models.Model):
     # TerminalReceipt or an OutboxEvent (acceptance refuses), only a ShadowComparison.
     shadow = models.BooleanField(default=False)
     shadow_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT,
-                                  related_name="shadows")
+                                  related_name="shadows", db_index=False)  # op_shadow_of_idx
     ttl_ms = models.PositiveBigIntegerField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
 
@@ -108,6 +108,10 @@ class Operation(models.Model):
             # row: each one dropped is one write fewer per row per claim.
             models.Index(fields=["call_node_id"], name="op_call_node_idx"),
             models.Index(fields=["tenant"], name="op_tenant_idx"),
+            # Almost every row has no shadow: only those that do are indexed (a lookup by a
+            # shadow's legacy row, and the PROTECT check on delete, name a non-null id).
+            models.Index(fields=["shadow_of"], name="op_shadow_of_idx",
+                         condition=Q(shadow_of__isnull=False)),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(execution_epoch__gte=1), name="op_epoch_positive"),
