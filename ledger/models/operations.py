@@ -25,7 +25,7 @@ class Operation(models.Model):
     """One operation attempt of a call node: the ledger row every flow guards."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    call_node_id = models.CharField(max_length=200, db_index=True)
+    call_node_id = models.CharField(max_length=200)  # indexed in Meta (op_call_node_idx)
     server = models.ForeignKey(ToolServer, on_delete=models.PROTECT, related_name="operations")
     tool_name = models.CharField(max_length=200)
     descriptor_version = models.CharField(max_length=80)
@@ -36,10 +36,11 @@ class Operation(models.Model):
     execution_mode = models.CharField(max_length=8, default="task")
     submission_key = models.CharField(max_length=64, unique=True)
     # Organisation slug (ledger/models/tenancy.py); blank for embedded/CLI use without tenancy.
-    tenant = models.CharField(max_length=100, blank=True, default="", db_index=True)
+    tenant = models.CharField(max_length=100, blank=True, default="")  # op_tenant_idx
     # Digest of the submission as the caller sent it (Idempotency-Key replays compare it).
     submission_digest = models.CharField(max_length=80, blank=True, default="")
-    remote_id = models.CharField(max_length=300, blank=True, db_index=True)
+    # Every lookup names the server too: op_one_operation_per_remote_task is its index.
+    remote_id = models.CharField(max_length=300, blank=True)
 
     state = models.CharField(max_length=32, choices=State.choices, default=State.SUBMITTING)
     server_state = models.CharField(max_length=64, blank=True)  # verbatim server status
@@ -72,7 +73,7 @@ class Operation(models.Model):
     # TerminalReceipt or an OutboxEvent (acceptance refuses), only a ShadowComparison.
     shadow = models.BooleanField(default=False)
     shadow_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT,
-                                  related_name="shadows")
+                                  related_name="shadows", db_index=False)  # op_shadow_of_idx
     ttl_ms = models.PositiveBigIntegerField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
 
@@ -89,13 +90,28 @@ class Operation(models.Model):
     class Meta:
         permissions = [("cancel_operation", "Can cancel operations")]
         indexes = [
-            # The dispatcher's claim query: due rows in pollable states.
-            models.Index(fields=["next_poll_at"], name="op_next_poll_idx",
-                         condition=Q(next_poll_at__isnull=False)),
+            # The dispatcher's claim, one index per branch, each predicate that branch's own
+            # (toolops.services.dispatch): due rows with no lease, walked in due order, and
+            # leased rows, walked in lease order up to the first lease still running. A row in
+            # flight is in the second only, so a walk over due rows never steps past it.
+            models.Index(fields=["next_poll_at"], name="op_due_free_idx",
+                         condition=Q(state__in=[s.value for s in SCHEDULED_STATES],
+                                     lease_expires_at__isnull=True, next_poll_at__isnull=False)),
+            models.Index(fields=["lease_expires_at"], name="op_leased_idx",
+                         condition=Q(state__in=[s.value for s in SCHEDULED_STATES],
+                                     lease_expires_at__isnull=False)),
             models.Index(fields=["state"], name="op_state_idx"),
-            # The claim's second branch: leases that ran out on rows with no next poll time.
-            models.Index(fields=["lease_expires_at"], name="op_lease_unscheduled_idx",
-                         condition=Q(next_poll_at__isnull=True, lease_expires_at__isnull=False)),
+            # Declared here rather than with db_index, which on PostgreSQL adds a second,
+            # varchar_pattern_ops index for LIKE 'prefix%' that no query here uses (admin prefix
+            # search is case-insensitive). A claim cannot be a HOT update (it moves the row
+            # between the claim's partial indexes), so every index is written once per claimed
+            # row: each one dropped is one write fewer per row per claim.
+            models.Index(fields=["call_node_id"], name="op_call_node_idx"),
+            models.Index(fields=["tenant"], name="op_tenant_idx"),
+            # Almost every row has no shadow: only those that do are indexed (a lookup by a
+            # shadow's legacy row, and the PROTECT check on delete, name a non-null id).
+            models.Index(fields=["shadow_of"], name="op_shadow_of_idx",
+                         condition=Q(shadow_of__isnull=False)),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(execution_epoch__gte=1), name="op_epoch_positive"),

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connections, router, transaction
-from django.db.models import F, Min, Q
+from django.db.models import F, Q
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -28,27 +28,54 @@ from ledger.states import POLLABLE, State
 CLAIMABLE = frozenset(POLLABLE | {State.SUBMITTING, State.SUBMISSION_UNKNOWN})
 
 
+def _claimable_free(*, now: datetime) -> Q:
+    """Due and not leased: the common branch, walked in due order on op_due_free_idx."""
+    return Q(state__in=CLAIMABLE, lease_expires_at__isnull=True, next_poll_at__lte=now)
+
+
+def _claimable_lapsed(*, now: datetime) -> Q:
+    """Held by a lease that ran out, due or with no next poll time (op_leased_idx).
+
+    A claim moves `next_poll_at` to the lease's end, so a lapsed lease is normally due by its
+    next poll time too; a row whose writer cleared the schedule while it held the lease has no
+    next poll time at all and is still claimed here, so no row can be stranded by a worker that
+    died between that write and the next."""
+    return Q(state__in=CLAIMABLE, lease_expires_at__lte=now) & (
+        Q(next_poll_at__lte=now) | Q(next_poll_at__isnull=True)
+    )
+
+
 def claimable_now(*, now: datetime) -> Q:
     """Due and free, or held by a lease that ran out (with or without a next poll time).
 
-    A claim moves `next_poll_at` to the lease's end, so a leased row is normally found by its
-    next poll time alone; the second branch (no next poll time, expired lease, its own partial
-    index) catches a row whose writer cleared the schedule while it held the lease, so no row can
-    be stranded by a worker that died between that write and the next."""
-    return (
-        Q(state__in=CLAIMABLE)
-        & (Q(next_poll_at__lte=now) | Q(next_poll_at__isnull=True, lease_expires_at__isnull=False))
-        & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
-    )
+    The two branches are disjoint (a lease is either absent or set) and each has a partial index
+    whose predicate is its own; a leased row whose lease has not run out is in neither, however
+    early its next poll time."""
+    return _claimable_free(now=now) | _claimable_lapsed(now=now)
 
 
 def next_claimable_at(queryset: Any) -> datetime | None:
     """When the earliest row of `queryset` becomes claimable: its next poll time, or its lease's
-    end when that is later (a leased row is not ours to poll before then)."""
-    return queryset.filter(state__in=CLAIMABLE).filter(
-        Q(next_poll_at__isnull=False) | Q(lease_expires_at__isnull=False)
-    ).aggregate(m=Min(Greatest(Coalesce("next_poll_at", "lease_expires_at"),
-                               Coalesce("lease_expires_at", "next_poll_at"))))["m"]
+    end when that is later (a leased row is not ours to poll before then).
+
+    One read per branch, so each is answered from its partial index (the free branch by the
+    index's first entry, the leased one over leased rows only) instead of an aggregate over every
+    open row; on PostgreSQL both are one statement (LEAST skips a branch that has no row)."""
+    scoped = queryset.filter(state__in=CLAIMABLE)
+    free = (scoped.filter(lease_expires_at__isnull=True, next_poll_at__isnull=False)
+            .order_by("next_poll_at").values_list("next_poll_at", flat=True)[:1])
+    leased = (scoped.filter(lease_expires_at__isnull=False)
+              .annotate(at=Greatest("lease_expires_at", Coalesce("next_poll_at", "lease_expires_at")))
+              .order_by("at").values_list("at", flat=True)[:1])
+    connection = connections[queryset.db]
+    if connection.vendor == "postgresql":
+        free_sql, free_params = free.query.sql_with_params()
+        leased_sql, leased_params = leased.query.sql_with_params()
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT LEAST(({free_sql}), ({leased_sql}))", [*free_params, *leased_params])
+            row = cursor.fetchone()
+        return None if row is None else row[0]
+    return min([*free, *leased], default=None)
 
 
 def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None = None) -> list[uuid.UUID]:
@@ -56,30 +83,40 @@ def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None =
 
     A leased row is not due: the claim moves `next_poll_at` to the lease's end, so it becomes due
     again exactly when a worker that died holding it would have lost it, unless the poll writes
-    its next time first. The claim's index scan over due rows therefore never walks past rows
-    already leased, however many are in flight.
+    its next time first. Neither branch's index holds a row whose lease is still running, so the
+    claim never walks past rows in flight, however many there are or however early they are due.
     """
     now = timezone.now()
     batch = limit or int(settings.TOOLOPS_CLAIM_BATCH)
     lease_until = now + timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS))
-    due = Operation.objects.select_for_update(skip_locked=True).filter(claimable_now(now=now))
+    rows = Operation.objects.select_for_update(skip_locked=True)
     if path is not None:
-        due = due.filter(executor_path=path)
-    due_ids = due.order_by("next_poll_at").values_list("id", flat=True)[:batch]
+        rows = rows.filter(executor_path=path)
     connection = connections[router.db_for_write(Operation)]
     if connection.vendor == "postgresql":
-        # One statement: lock, lease and return the batch (no second lookup of each id).
-        select_sql, params = due_ids.query.sql_with_params()
+        # One statement: lock, lease and return the batch (no second lookup of each id). Lapsed
+        # leases first: they are rare (a worker died), the walk over them stops at the first lease
+        # still running, and putting them ahead means a steady stream of due rows cannot starve
+        # them. Each branch is its own ordered walk over its own partial index; the outer LIMIT
+        # stops pulling rows (and so locking them) from the free branch once the batch is full.
+        lapsed_sql, lapsed_params = (rows.filter(_claimable_lapsed(now=now))
+                                     .order_by("lease_expires_at").values_list("id", flat=True)
+                                     [:batch].query.sql_with_params())
+        free_sql, free_params = (rows.filter(_claimable_free(now=now)).order_by("next_poll_at")
+                                 .values_list("id", flat=True)[:batch].query.sql_with_params())
         table = Operation._meta.db_table
         with connection.cursor() as cursor:
             cursor.execute(
                 f'UPDATE "{table}" AS o SET "lease_owner" = %s, "lease_expires_at" = %s, '
                 f'"next_poll_at" = %s, "poll_attempts" = o."poll_attempts" + 1 '
-                f'FROM ({select_sql}) AS due WHERE o."id" = due."id" RETURNING o."id"',
-                [owner, lease_until, lease_until, *params],
+                f'FROM (SELECT "id" FROM ({lapsed_sql}) AS lapsed '
+                f'UNION ALL SELECT "id" FROM ({free_sql}) AS free LIMIT %s) AS due '
+                f'WHERE o."id" = due."id" RETURNING o."id"',
+                [owner, lease_until, lease_until, *lapsed_params, *free_params, batch],
             )
             return [row[0] for row in cursor.fetchall()]
-    ids = list(due_ids)
+    ids = list(rows.filter(claimable_now(now=now)).order_by("next_poll_at")
+               .values_list("id", flat=True)[:batch])
     if ids:
         Operation.objects.filter(id__in=ids).update(
             **schedule_leased(owner=owner, until=lease_until), poll_attempts=F("poll_attempts") + 1,

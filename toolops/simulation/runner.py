@@ -225,8 +225,11 @@ class _Run:
                 if self.answer_errors[ir_id] >= ANSWER_RETRIES:
                     self.answered.add(ir_id)
                     self.outcomes[index].errors.append(f"answer round {rnd}: {exc}")
-        never = Operation.objects.filter(server_id__in=server_ids, state=State.NOT_FOUND_SAFE,
-                                         id__in=list(self.current.values())).values_list("id", flat=True)
+        # Matched to each series' latest attempt here, not in SQL: an IN list of every started
+        # series' attempt would be sent and parsed again every virtual second.
+        current = set(self.current.values())
+        never = [i for i in Operation.objects.filter(server_id__in=server_ids, state=State.NOT_FOUND_SAFE)
+                 .values_list("id", flat=True) if i in current]
         for op_id in sorted(never, key=lambda i: self.op_index[i]):
             index = self.op_index[op_id]
             if self.attempts.get(index, 0) < 3:
