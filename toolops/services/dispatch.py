@@ -7,6 +7,7 @@ them leased. A worker that dies holding a lease stalls its rows only until the l
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -109,6 +110,55 @@ def operations_dispatch_due(*, enqueue: Callable[[uuid.UUID, str], None], room: 
             # Never enqueue inside the transaction: a rolled-back claim must send nothing.
             transaction.on_commit(partial(enqueue, op_id, owner))
     return len(ids)
+
+
+def operations_dispatch_due_batches(
+    *, enqueue_batch: Callable[[list[uuid.UUID], str], None], room: int | None = None,
+    batch_size: int | None = None,
+) -> int:
+    """Like operations_dispatch_due, but the claimed rows go out in batches of `batch_size`
+    (default TOOLOPS_POLL_BATCH_SIZE): one message per batch, polled together by one worker
+    (toolops.services.poll_batch). `room` counts rows, not messages."""
+    if room is not None and room <= 0:
+        return 0
+    size = max(int(batch_size or settings.TOOLOPS_POLL_BATCH_SIZE), 1)
+    claim = int(settings.TOOLOPS_CLAIM_BATCH)
+    owner = f"lease-{uuid.uuid4().hex}"
+    with transaction.atomic():
+        ids = claim_due_locked(owner=owner, limit=claim if room is None else min(room, claim))
+        for start in range(0, len(ids), size):
+            # Never enqueue inside the transaction: a rolled-back claim must send nothing.
+            transaction.on_commit(partial(enqueue_batch, ids[start:start + size], owner))
+    return len(ids)
+
+
+# After a pass that claimed nothing although a row was due (the poll queue is full), wait at
+# least this long before the next pass, so a full queue is not met with a busy loop of claims.
+DISPATCH_FULL_NAP_SECONDS = 0.05
+# The shortest sleep between passes: due times closer together than this share a pass.
+DISPATCH_MIN_NAP_SECONDS = 0.01
+
+
+def operations_dispatch_following_due(*, seconds: float, dispatch_once: Callable[[], int]) -> int:
+    """Run `dispatch_once` now and then again whenever the next row becomes claimable, for
+    `seconds` (one dispatcher tick). A row due between two ticks is claimed at its time instead
+    of waiting up to a whole tick; each wait costs one read of the earliest due time."""
+    end = time.monotonic() + seconds
+    claimed = dispatch_once()
+    total = claimed
+    while True:
+        left = end - time.monotonic()
+        if left <= DISPATCH_MIN_NAP_SECONDS:
+            return total
+        due = operations_next_due_at()
+        wait = left if due is None else (due - timezone.now()).total_seconds()
+        floor = DISPATCH_MIN_NAP_SECONDS if claimed else DISPATCH_FULL_NAP_SECONDS
+        wait = min(max(wait, floor), left)
+        time.sleep(wait)
+        if wait >= left:
+            return total  # nothing due before the tick ends: the next tick's first pass takes it
+        claimed = dispatch_once()
+        total += claimed
 
 
 def operations_poll_sooner(*, server_id: int, remote_ids: list[str]) -> int:
