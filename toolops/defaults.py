@@ -40,6 +40,10 @@ TOOLOPS_POLL_HOLD_MAX_ROWS = env_int("TOOLOPS_POLL_HOLD_MAX_ROWS", 1000)
 # only at the tick (toolops.services.dispatch.operations_dispatch_following_due). Matches the
 # beat interval, so ticks follow each other; 0 makes each tick a single pass.
 TOOLOPS_DISPATCH_FOLLOW_DUE_SECONDS = env_float("TOOLOPS_DISPATCH_FOLLOW_DUE_SECONDS", 0.25)
+# Shortest time between two passes of that dispatcher: rows falling due closer together share
+# one claim transaction and one batch message. It bounds the dispatcher's commits (at most one
+# per gap) and adds at most this much to a row's first poll.
+TOOLOPS_DISPATCH_MIN_GAP_SECONDS = env_float("TOOLOPS_DISPATCH_MIN_GAP_SECONDS", 0.02)
 # Never poll faster than this, whatever the server suggests (protects servers that send 0).
 TOOLOPS_POLL_FLOOR_SECONDS = env_float("TOOLOPS_POLL_FLOOR_SECONDS", 0.2)
 # Used when the server suggests no interval (SDK defaults are 0.5 s to 5 s).

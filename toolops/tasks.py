@@ -16,7 +16,11 @@ from django.conf import settings
 
 from toolops.broker import dispatch_room
 from toolops.services.boundary import exception_redacted, operation_poll_guarded
-from toolops.services.dispatch import operations_dispatch_due_batches, operations_dispatch_following_due
+from toolops.services.dispatch import (
+    DispatchPass,
+    operations_dispatch_due_batches,
+    operations_dispatch_following_due,
+)
 from toolops.services.inputs import input_rounds_expire_due
 from toolops.services.outbox import outbox_relay
 from toolops.services.poll_batch import operations_poll_batch, poll_threads_stop
@@ -28,7 +32,7 @@ def _enqueue_batch(operation_ids: list[uuid.UUID], lease_owner: str) -> None:
     poll_batch.delay([str(op_id) for op_id in operation_ids], lease_owner)
 
 
-def _dispatch_once() -> int:
+def _dispatch_once() -> DispatchPass:
     # Top the poll queue up to its cap, no more (toolops/broker.py); the cap counts rows.
     batch = int(settings.TOOLOPS_POLL_BATCH_SIZE)
     return operations_dispatch_due_batches(

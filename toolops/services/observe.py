@@ -63,7 +63,8 @@ def operation_poll(*, operation_id: uuid.UUID, lease_owner: str,
     A worker of an older execution epoch (a rollback moved the row to the other
     executor) is refused and the refusal recorded, whether it arrives late or is caught mid-poll.
     `hold_until`: the caller polls this row again in-process if its next poll falls before then
-    (toolops.services.poll_batch), so a working answer keeps the lease instead of releasing it.
+    (toolops.services.poll_batch), so a working answer keeps the lease instead of releasing it;
+    the outcome is then `held:<next poll time, ISO 8601>` instead of `working`.
     """
     op = Operation.objects.select_related("server").filter(id=operation_id).first()
     if op is None:
@@ -218,4 +219,9 @@ def _record_working(*, op: Operation, lease_owner: str, task: RemoteTask, fields
             id=op.id, state=op.state, execution_epoch=op.execution_epoch, lease_owner=lease_owner,
             **seq_guard,
         ).update(**fields, **lease, updated_at=timezone.now()) == 1
-    return "working" if ok else "stale_observation"
+    if not ok:
+        return "stale_observation"
+    if lease is not RELEASE:
+        # Kept for the caller's next in-process poll, at the time this write recorded.
+        return f"held:{fields['next_poll_at'].isoformat()}"
+    return "working"

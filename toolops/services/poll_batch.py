@@ -183,17 +183,6 @@ def operations_hold_renew(*, ids: list[uuid.UUID], owner: str) -> int:
              poll_attempts=F("poll_attempts") + 1, updated_at=now)
 
 
-def operations_held_next_polls(*, ids: list[uuid.UUID], owner: str) -> list[tuple[uuid.UUID, datetime]]:
-    """Rows of `ids` the poll left held by `owner`: still ours, pollable, next poll soon."""
-    now = timezone.now()
-    horizon = now + timedelta(seconds=float(settings.TOOLOPS_POLL_HOLD_SECONDS))
-    rows = Operation.objects.filter(
-        id__in=ids, lease_owner=owner, lease_expires_at__gt=now, state__in=POLLABLE,
-        next_poll_at__isnull=False, next_poll_at__lte=horizon,
-    ).values_list("id", "next_poll_at")
-    return [(op_id, at) for op_id, at in rows if at is not None]
-
-
 def operations_poll_batch(*, operation_ids: list[uuid.UUID], lease_owner: str) -> dict[str, int]:
     """Poll each row of a batch leased to `lease_owner` concurrently, each inside the per-row
     error boundary; keep the working rows whose next poll is near. Returns outcome counts."""
@@ -210,15 +199,15 @@ def operations_poll_batch(*, operation_ids: list[uuid.UUID], lease_owner: str) -
         for op_id in operation_ids
     ])
     counts: dict[str, int] = {}
-    for outcome in outcomes:
-        label = outcome.split(":")[0]
+    held: list[tuple[uuid.UUID, datetime]] = []
+    for op_id, outcome in zip(operation_ids, outcomes, strict=True):
+        label, _, detail = outcome.partition(":")
         counts[label] = counts.get(label, 0) + 1
-    working = [op_id for op_id, outcome in zip(operation_ids, outcomes, strict=True)
-               if outcome == "working"]
-    if hold_until is not None and working:
-        held = operations_held_next_polls(ids=working, owner=lease_owner)
+        if label == "held":
+            # The poll kept the lease and wrote this next poll time (observe._record_working).
+            held.append((op_id, datetime.fromisoformat(detail)))
+    if held:
         holder.add(rows=held, owner=lease_owner)
-        counts["held"] = len(held)
     return counts
 
 
