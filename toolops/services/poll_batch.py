@@ -141,7 +141,9 @@ class _Holder:
                     try:
                         close_old_connections()
                         operations_hold_renew(ids=ids, owner=owner)
-                        operations_poll_batch(operation_ids=ids, lease_owner=owner)
+                        # Its own threads, never _pool(): while stopping, that would start anew.
+                        _poll_rows(threads=self._threads, holder=self, operation_ids=ids,
+                                   lease_owner=owner)
                     except Exception as exc:
                         # The rows keep their held leases, which run out; the dispatcher re-claims.
                         logger.warning("held poll round failed: %s", exception_redacted(exc)["type"])
@@ -149,11 +151,13 @@ class _Holder:
             connections.close_all()
 
     def stop(self) -> list[tuple[datetime, str, str]]:
+        """Stop polling; returns the rows still held (a round in progress finishes first)."""
         with self._cond:
             self._stopping = True
-            left, self._heap = self._heap, []
             self._cond.notify()
         self._thread.join(timeout=5.0)
+        with self._cond:
+            left, self._heap = self._heap, []
         return left
 
 
@@ -189,6 +193,12 @@ def operations_poll_batch(*, operation_ids: list[uuid.UUID], lease_owner: str) -
     if not operation_ids:
         return {}
     threads, holder = _pool()
+    return _poll_rows(threads=threads, holder=holder, operation_ids=operation_ids,
+                      lease_owner=lease_owner)
+
+
+def _poll_rows(*, threads: _PollThreads, holder: _Holder, operation_ids: list[uuid.UUID],
+               lease_owner: str) -> dict[str, int]:
     hold_seconds = float(settings.TOOLOPS_POLL_HOLD_SECONDS)
     hold_until = None
     if hold_seconds > 0 and holder.size() < int(settings.TOOLOPS_POLL_HOLD_MAX_ROWS):
