@@ -76,13 +76,10 @@ class _PollThreads:
         finally:
             connections.close_all()
 
-    def run_all(self, jobs: list[Callable[[], str]]) -> list[str]:
-        futures: list[Future[str]] = []
-        for job in jobs:
-            future: Future[str] = Future()
-            self._jobs.put((job, future))
-            futures.append(future)
-        return [f.result() for f in futures]
+    def submit(self, job: Callable[[], str]) -> Future[str]:
+        future: Future[str] = Future()
+        self._jobs.put((job, future))
+        return future
 
     def stop(self) -> None:
         for _ in self._threads:
@@ -135,27 +132,36 @@ class _Holder:
                 if due is None:
                     return
                 by_owner: dict[str, list[uuid.UUID]] = {}
-                for _at, op_id, owner in due:
-                    by_owner.setdefault(owner, []).append(uuid.UUID(op_id))
+                for _at, key, owner in due:
+                    by_owner.setdefault(owner, []).append(uuid.UUID(key))
                 for owner, ids in by_owner.items():
                     try:
                         close_old_connections()
                         operations_hold_renew(ids=ids, owner=owner)
-                        # Its own threads, never _pool(): while stopping, that would start anew.
-                        _poll_rows(threads=self._threads, holder=self, operation_ids=ids,
-                                   lease_owner=owner)
                     except Exception as exc:
                         # The rows keep their held leases, which run out; the dispatcher re-claims.
-                        logger.warning("held poll round failed: %s", exception_redacted(exc)["type"])
+                        logger.warning("held leases not renewed: %s", exception_redacted(exc)["type"])
+                        continue
+                    # Not waited for: the next due rows must not queue behind this round's polls.
+                    # Its own threads, never _pool(): while stopping, that would start anew.
+                    for row_id, future in _submit_rows(threads=self._threads, holder=self,
+                                                       operation_ids=ids, lease_owner=owner):
+                        future.add_done_callback(partial(self._settled, row_id, owner))
         finally:
             connections.close_all()
 
-    def stop(self) -> list[tuple[datetime, str, str]]:
-        """Stop polling; returns the rows still held (a round in progress finishes first)."""
+    def _settled(self, op_id: uuid.UUID, owner: str, future: Future[str]) -> None:
+        if future.exception() is None:
+            _hold_if_held(holder=self, op_id=op_id, outcome=future.result(), owner=owner)
+
+    def stop(self) -> None:
+        """Stop scheduling held polls (polls already handed to the threads still run)."""
         with self._cond:
             self._stopping = True
             self._cond.notify()
         self._thread.join(timeout=5.0)
+
+    def drain(self) -> list[tuple[datetime, str, str]]:
         with self._cond:
             left, self._heap = self._heap, []
         return left
@@ -199,26 +205,33 @@ def operations_poll_batch(*, operation_ids: list[uuid.UUID], lease_owner: str) -
 
 def _poll_rows(*, threads: _PollThreads, holder: _Holder, operation_ids: list[uuid.UUID],
                lease_owner: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for op_id, future in _submit_rows(threads=threads, holder=holder,
+                                      operation_ids=operation_ids, lease_owner=lease_owner):
+        outcome = future.result()
+        label = outcome.partition(":")[0]
+        counts[label] = counts.get(label, 0) + 1
+        _hold_if_held(holder=holder, op_id=op_id, outcome=outcome, owner=lease_owner)
+    return counts
+
+
+def _submit_rows(*, threads: _PollThreads, holder: _Holder, operation_ids: list[uuid.UUID],
+                 lease_owner: str) -> list[tuple[uuid.UUID, Future[str]]]:
+    """Hand each row to the poll threads, inside the per-row error boundary."""
     hold_seconds = float(settings.TOOLOPS_POLL_HOLD_SECONDS)
     hold_until = None
     if hold_seconds > 0 and holder.size() < int(settings.TOOLOPS_POLL_HOLD_MAX_ROWS):
         hold_until = timezone.now() + timedelta(seconds=hold_seconds)
-    outcomes = threads.run_all([
-        partial(operation_poll_guarded, operation_id=op_id, lease_owner=lease_owner,
-                hold_until=hold_until)
-        for op_id in operation_ids
-    ])
-    counts: dict[str, int] = {}
-    held: list[tuple[uuid.UUID, datetime]] = []
-    for op_id, outcome in zip(operation_ids, outcomes, strict=True):
-        label, _, detail = outcome.partition(":")
-        counts[label] = counts.get(label, 0) + 1
-        if label == "held":
-            # The poll kept the lease and wrote this next poll time (observe._record_working).
-            held.append((op_id, datetime.fromisoformat(detail)))
-    if held:
-        holder.add(rows=held, owner=lease_owner)
-    return counts
+    return [(op_id, threads.submit(partial(operation_poll_guarded, operation_id=op_id,
+                                           lease_owner=lease_owner, hold_until=hold_until)))
+            for op_id in operation_ids]
+
+
+def _hold_if_held(*, holder: _Holder, op_id: uuid.UUID, outcome: str, owner: str) -> None:
+    label, _, detail = outcome.partition(":")
+    if label == "held":
+        # The poll kept the lease and wrote this next poll time (observe._record_working).
+        holder.add(rows=[(op_id, datetime.fromisoformat(detail))], owner=owner)
 
 
 def operations_release_held(*, rows: list[tuple[datetime, str, str]]) -> int:
@@ -242,8 +255,9 @@ def poll_threads_stop() -> int:
         _threads = _holder = None
     if holder is None or threads is None:
         return 0
-    left = holder.stop()
-    threads.stop()
+    holder.stop()
+    threads.stop()  # runs what was handed to the threads; held ones come back to the holder
+    left = holder.drain()
     try:
         return operations_release_held(rows=left)
     except Exception as exc:  # the held leases run out on their own
