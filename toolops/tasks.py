@@ -23,7 +23,7 @@ from toolops.services.dispatch import (
 )
 from toolops.services.inputs import input_rounds_expire_due
 from toolops.services.outbox import outbox_relay
-from toolops.services.poll_batch import operations_poll_batch_hand_over, poll_threads_stop
+from toolops.services.poll_batch import operations_poll_batch, poll_threads_stop
 
 logger = logging.getLogger("toolops.tasks")
 
@@ -52,9 +52,9 @@ def dispatch_due() -> int:
 
 
 @shared_task(name="toolops.poll_batch", ignore_result=True, acks_late=True)
-def poll_batch(operation_ids: list[str], lease_owner: str) -> int:
-    return operations_poll_batch_hand_over(operation_ids=[uuid.UUID(i) for i in operation_ids],
-                                           lease_owner=lease_owner)
+def poll_batch(operation_ids: list[str], lease_owner: str) -> dict[str, int]:
+    return operations_poll_batch(operation_ids=[uuid.UUID(i) for i in operation_ids],
+                                 lease_owner=lease_owner)
 
 
 @shared_task(name="toolops.poll_operation", ignore_result=True, acks_late=True)

@@ -7,9 +7,6 @@ takes its QPS token through `server_call` and writes through the guarded UPDATEs
 cycle; the threads only overlap the waits (server, PostgreSQL, Redis). The adapter cache is per
 process, so all threads share one pooled HTTP client per server.
 
-The Celery task hands its batch over (`operations_poll_batch_hand_over`): it returns once each
-row's poll has started, so its prefork slot takes the next message while the threads poll.
-
 Holding: a working row whose next poll is due within TOOLOPS_POLL_HOLD_SECONDS keeps its lease
 (written by the poll's own guarded UPDATE, with its `next_poll_at` as usual: the ledger stays the
 source of truth) and the process's holder thread polls it again at that time, instead of
@@ -30,7 +27,6 @@ import heapq
 import logging
 import queue
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
@@ -150,12 +146,11 @@ class _Holder:
                     # Its own threads, never _pool(): while stopping, that would start anew.
                     for row_id, future in _submit_rows(threads=self._threads, holder=self,
                                                        operation_ids=ids, lease_owner=owner):
-                        future.add_done_callback(partial(self.settled, row_id, owner))
+                        future.add_done_callback(partial(self._settled, row_id, owner))
         finally:
             connections.close_all()
 
-    def settled(self, op_id: uuid.UUID, owner: str, future: Future[str]) -> None:
-        """A poll handed over without waiting ended: keep its row if the poll held it."""
+    def _settled(self, op_id: uuid.UUID, owner: str, future: Future[str]) -> None:
         if future.exception() is None:
             _hold_if_held(holder=self, op_id=op_id, outcome=future.result(), owner=owner)
 
@@ -198,30 +193,6 @@ def operations_hold_renew(*, ids: list[uuid.UUID], owner: str) -> int:
              poll_attempts=F("poll_attempts") + 1, updated_at=now)
 
 
-def operations_poll_batch_hand_over(*, operation_ids: list[uuid.UUID], lease_owner: str) -> int:
-    """Hand a batch to this process's poll threads; return once every row's poll has started.
-
-    For the Celery task: its prefork slot is then free for the next message while the threads
-    poll, so one process keeps TOOLOPS_POLL_THREADS polls in flight, yet it takes no more work
-    than its threads can start (the broker keeps the rest, and the dispatcher's room check sees
-    them waiting). The message is acknowledged once the task returns; the rows are covered by
-    their leases from then on, exactly as for a lost message: if the process dies, each row
-    becomes claimable when its lease runs out. Returns how many rows were handed over.
-    """
-    if not operation_ids:
-        return 0
-    threads, holder = _pool()
-    started = threading.Semaphore(0)
-    for op_id, future in _submit_rows(threads=threads, holder=holder, operation_ids=operation_ids,
-                                      lease_owner=lease_owner, started=started):
-        future.add_done_callback(partial(holder.settled, op_id, lease_owner))
-    give_up = time.monotonic() + float(settings.TOOLOPS_LEASE_SECONDS) / 2
-    for _ in operation_ids:
-        if not started.acquire(timeout=max(give_up - time.monotonic(), 0.0)):
-            break  # the threads are stuck: their rows' leases will run out and be re-claimed
-    return len(operation_ids)
-
-
 def operations_poll_batch(*, operation_ids: list[uuid.UUID], lease_owner: str) -> dict[str, int]:
     """Poll each row of a batch leased to `lease_owner` concurrently, each inside the per-row
     error boundary; keep the working rows whose next poll is near. Returns outcome counts."""
@@ -245,24 +216,15 @@ def _poll_rows(*, threads: _PollThreads, holder: _Holder, operation_ids: list[uu
 
 
 def _submit_rows(*, threads: _PollThreads, holder: _Holder, operation_ids: list[uuid.UUID],
-                 lease_owner: str, started: threading.Semaphore | None = None,
-                 ) -> list[tuple[uuid.UUID, Future[str]]]:
+                 lease_owner: str) -> list[tuple[uuid.UUID, Future[str]]]:
     """Hand each row to the poll threads, inside the per-row error boundary."""
     hold_seconds = float(settings.TOOLOPS_POLL_HOLD_SECONDS)
     hold_until = None
     if hold_seconds > 0 and holder.size() < int(settings.TOOLOPS_POLL_HOLD_MAX_ROWS):
         hold_until = timezone.now() + timedelta(seconds=hold_seconds)
-    return [(op_id, threads.submit(partial(_poll_one, op_id=op_id, lease_owner=lease_owner,
-                                           hold_until=hold_until, started=started)))
+    return [(op_id, threads.submit(partial(operation_poll_guarded, operation_id=op_id,
+                                           lease_owner=lease_owner, hold_until=hold_until)))
             for op_id in operation_ids]
-
-
-def _poll_one(*, op_id: uuid.UUID, lease_owner: str, hold_until: datetime | None,
-              started: threading.Semaphore | None) -> str:
-    if started is not None:
-        started.release()
-    return operation_poll_guarded(operation_id=op_id, lease_owner=lease_owner,
-                                  hold_until=hold_until)
 
 
 def _hold_if_held(*, holder: _Holder, op_id: uuid.UUID, outcome: str, owner: str) -> None:

@@ -192,17 +192,3 @@ def test_claimed_rows_go_out_in_batches_of_the_configured_size() -> None:
     assert done.claimed == 9 and done.read_next_due
     assert done.next_due_at == now  # the tenth row, still due, read in the claim's transaction
     assert [len(b) for b in sent] == [4, 4, 1]
-
-
-def test_the_task_hands_its_batch_to_the_threads_and_the_rows_still_reach_their_receipts(
-        server: ToolServer) -> None:
-    from toolops.tasks import poll_batch
-
-    ops = [_submit(server, 0.6) for _ in range(3)]
-    ids = _claim_now(*ops, owner="batch-g")
-    # The task body, run inline: it returns once each poll has started, not when all are done.
-    assert poll_batch([str(i) for i in ids], "batch-g") == 3
-    # Working at the first poll, then held and polled again by the holder, to the receipt.
-    assert _wait_for(lambda: TerminalReceipt.objects.filter(operation_id__in=ids).count() == 3)
-    assert set(Operation.objects.filter(id__in=ids).values_list("state", flat=True)) == {
-        State.ACCEPTED}
