@@ -192,3 +192,16 @@ def test_claimed_rows_go_out_in_batches_of_the_configured_size() -> None:
     assert done.claimed == 9 and done.read_next_due
     assert done.next_due_at == now  # the tenth row, still due, read in the claim's transaction
     assert [len(b) for b in sent] == [4, 4, 1]
+
+
+def test_the_poll_task_takes_ids_only_and_its_rows_reach_their_receipts(server: ToolServer) -> None:
+    from toolops.tasks import poll_batch
+
+    ops = [_submit(server, 0.6) for _ in range(3)]
+    ids = _claim_now(*ops, owner="batch-g")
+    # The task body, run inline: working at the first poll, all three held.
+    assert poll_batch([str(i) for i in ids], "batch-g") == {"held": 3}
+    # Polled again by the holder, to the receipt.
+    assert _wait_for(lambda: TerminalReceipt.objects.filter(operation_id__in=ids).count() == 3)
+    assert set(Operation.objects.filter(id__in=ids).values_list("state", flat=True)) == {
+        State.ACCEPTED}
