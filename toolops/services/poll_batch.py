@@ -16,9 +16,12 @@ itself re-checks it on load and on every write. If the process dies or falls beh
 lease ends TOOLOPS_POLL_HOLD_GRACE_SECONDS after the due time and the dispatcher claims the row.
 
 Threads and the database: each poll thread and the holder thread has its own Django connection
-(Django keeps one per thread). `close_old_connections` runs before each row, as Django does
-around a request, so a broken or too old connection is replaced; each thread closes its
-connections when it stops (`poll_threads_stop`, called at worker process shutdown).
+(Django keeps one per thread). Each thread runs `close_old_connections` (what Django does
+around a request: a broken or too old connection is replaced, and with CONN_HEALTH_CHECKS the
+next query is preceded by a health check, one commit) at most every
+CONNECTION_CHECK_INTERVAL_SECONDS and after any failed row, not before every row: one check per
+row would be one more commit per poll. Each thread closes its connections when it stops
+(`poll_threads_stop`, called at worker process shutdown).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import heapq
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
@@ -47,6 +51,22 @@ from toolops.services.db_retry import exception_redacted
 logger = logging.getLogger("toolops.poll_batch")
 
 _STOP = object()
+# How often a poll or holder thread checks its connection (see the module docstring). A broken
+# connection met in between fails one row, whose boundary reopens it and records the crash.
+CONNECTION_CHECK_INTERVAL_SECONDS = 1.0
+
+
+class _ConnectionCheck:
+    """`close_old_connections` on this thread when due: every interval, or after a failure."""
+
+    def __init__(self) -> None:
+        self._next = 0.0
+
+    def __call__(self, *, failed: bool = False) -> None:
+        now = time.monotonic()
+        if failed or now >= self._next:
+            close_old_connections()
+            self._next = now + CONNECTION_CHECK_INTERVAL_SECONDS
 
 
 class _PollThreads:
@@ -60,6 +80,8 @@ class _PollThreads:
             thread.start()
 
     def _run(self) -> None:
+        check = _ConnectionCheck()
+        failed = False
         try:
             while True:
                 item = self._jobs.get()
@@ -69,9 +91,13 @@ class _PollThreads:
                 if not future.set_running_or_notify_cancel():
                     continue
                 try:
-                    close_old_connections()  # a broken or expired connection is replaced first
-                    future.set_result(job())
+                    check(failed=failed)  # a broken or expired connection is replaced first
+                    outcome = job()
+                    # A crash the boundary recorded may have left the connection broken.
+                    failed = outcome.startswith("executor_error")
+                    future.set_result(outcome)
                 except BaseException as exc:  # the boundary returns labels; this is a last resort
+                    failed = True
                     future.set_exception(exc)
         finally:
             connections.close_all()
@@ -126,6 +152,8 @@ class _Holder:
             return None
 
     def _run(self) -> None:
+        check = _ConnectionCheck()
+        failed = False
         try:
             while True:
                 due = self._take_due()
@@ -136,9 +164,11 @@ class _Holder:
                     by_owner.setdefault(owner, []).append(uuid.UUID(key))
                 for owner, ids in by_owner.items():
                     try:
-                        close_old_connections()
+                        check(failed=failed)
+                        failed = False
                         operations_hold_renew(ids=ids, owner=owner)
                     except Exception as exc:
+                        failed = True
                         # The rows keep their held leases, which run out; the dispatcher re-claims.
                         logger.warning("held leases not renewed: %s", exception_redacted(exc)["type"])
                         continue
