@@ -26,9 +26,11 @@ def poll_queue_length(*, app: object, queue: str) -> int | None:
         return None
 
 
-def dispatch_room(*, app: object, queue: str = "celery") -> int | None:
-    """How many rows this tick may claim (None: the claim batch alone limits it)."""
+def dispatch_room(*, app: object, queue: str = "celery", rows_per_message: int = 1) -> int | None:
+    """How many rows this tick may claim (None: the claim batch alone limits it).
+
+    TOOLOPS_DISPATCH_MAX_QUEUED counts rows: a waiting batch message counts as a full batch."""
     waiting = poll_queue_length(app=app, queue=queue)
     if waiting is None:
         return None
-    return max(int(settings.TOOLOPS_DISPATCH_MAX_QUEUED) - waiting, 0)
+    return max(int(settings.TOOLOPS_DISPATCH_MAX_QUEUED) - waiting * max(rows_per_message, 1), 0)

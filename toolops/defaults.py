@@ -18,12 +18,41 @@ TOOLOPS_CLAIM_BATCH = env_int("TOOLOPS_CLAIM_BATCH", 200)
 # Poll messages the dispatcher keeps waiting in the broker at most (toolops/broker.py): enough to
 # keep every worker busy between ticks, few enough that none waits out its lease in the queue.
 TOOLOPS_DISPATCH_MAX_QUEUED = env_int("TOOLOPS_DISPATCH_MAX_QUEUED", 100)
+# Rows per poll message (toolops.poll_batch): one broker message, one task and one prefork slot
+# carry this many polls, run concurrently on the process's poll threads.
+TOOLOPS_POLL_BATCH_SIZE = env_int("TOOLOPS_POLL_BATCH_SIZE", 16)
+# Poll threads per worker process (toolops/services/poll_batch.py). A poll mostly waits on the
+# server, PostgreSQL and Redis; a few threads keep those waits overlapped without a process each
+# (every thread holds its own database connection, so this also bounds the connections).
+TOOLOPS_POLL_THREADS = env_int("TOOLOPS_POLL_THREADS", 4)
+# A working row whose next poll is due within this many seconds is kept by the worker process
+# that polled it and polled again there at its time (its lease kept, its schedule written as
+# usual), instead of going back through the dispatcher tick and the broker, whose round trip
+# adds most of a short task's latency. 0 turns holding off.
+TOOLOPS_POLL_HOLD_SECONDS = env_float("TOOLOPS_POLL_HOLD_SECONDS", 2.0)
+# A held row's lease runs this long past its next poll time: how late the holder may be before
+# the dispatcher takes the row back, and so the longest stall if the holding process dies.
+TOOLOPS_POLL_HOLD_GRACE_SECONDS = env_float("TOOLOPS_POLL_HOLD_GRACE_SECONDS", 2.0)
+# Rows one worker process holds at most; beyond it, working rows are released as before, so a
+# process's memory and its share of the fleet's rows stay bounded.
+TOOLOPS_POLL_HOLD_MAX_ROWS = env_int("TOOLOPS_POLL_HOLD_MAX_ROWS", 1000)
+# How long one dispatcher tick keeps going, waking whenever the next row falls due instead of
+# only at the tick (toolops.services.dispatch.operations_dispatch_following_due). Matches the
+# beat interval, so ticks follow each other; 0 makes each tick a single pass.
+TOOLOPS_DISPATCH_FOLLOW_DUE_SECONDS = env_float("TOOLOPS_DISPATCH_FOLLOW_DUE_SECONDS", 0.25)
+# Shortest time between two passes of that dispatcher: rows falling due closer together share
+# one claim transaction and one batch message. It bounds the dispatcher's commits (at most one
+# per gap) and adds at most this much to a row's first poll.
+TOOLOPS_DISPATCH_MIN_GAP_SECONDS = env_float("TOOLOPS_DISPATCH_MIN_GAP_SECONDS", 0.02)
 # Never poll faster than this, whatever the server suggests (protects servers that send 0).
 TOOLOPS_POLL_FLOOR_SECONDS = env_float("TOOLOPS_POLL_FLOOR_SECONDS", 0.2)
 # Used when the server suggests no interval (SDK defaults are 0.5 s to 5 s).
 TOOLOPS_POLL_DEFAULT_SECONDS = env_float("TOOLOPS_POLL_DEFAULT_SECONDS", 1.0)
 # Fraction of the interval added as uniform jitter so a fleet does not poll in lock step.
 TOOLOPS_POLL_JITTER = env_float("TOOLOPS_POLL_JITTER", 0.2)
+# Intervals shorter than this get a proportionally smaller jitter share (toolops/scheduling.py,
+# poll_jitter_window_seconds): at 500 ms, 25 ms of jitter instead of 100 ms on every poll.
+TOOLOPS_POLL_JITTER_FULL_SECONDS = env_float("TOOLOPS_POLL_JITTER_FULL_SECONDS", 2.0)
 # Total time we are willing to wait for one operation when the server gives no ttl.
 TOOLOPS_WAIT_BUDGET_SECONDS = env_float("TOOLOPS_WAIT_BUDGET_SECONDS", 3600.0)
 # Default task ttl requested from servers (ms).

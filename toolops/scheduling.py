@@ -39,7 +39,25 @@ def poll_delay_seconds(*, poll_interval_ms: int | None, retry_after_s: float | N
     base = _steady_floor(poll_interval_ms=poll_interval_ms)
     if retry_after_s is not None:
         base = max(base, retry_after_s)
-    return base + _rng.uniform(0.0, base * float(settings.TOOLOPS_POLL_JITTER))
+    return base + _rng.uniform(0.0, poll_jitter_window_seconds(base_s=base))
+
+
+def poll_jitter_window_seconds(*, base_s: float) -> float:
+    """Width of the jitter added to a steady delay of `base_s`.
+
+    Jitter spreads a herd (rows submitted or released together) over time. Its share of the
+    interval is TOOLOPS_POLL_JITTER for intervals of TOOLOPS_POLL_JITTER_FULL_SECONDS and longer,
+    and shrinks in proportion below that: at 500 ms it is a quarter of the share (25 ms, not
+    100 ms). A short interval already spreads a herd over few, dense rounds; the extra 75 ms
+    would only be added to every short call's latency (its last poll comes that much later),
+    while 25 ms still puts several server round trips between the first and last of a herd, and
+    the per-server QPS cap, not the jitter, is what keeps a server from being overrun.
+    """
+    full = float(settings.TOOLOPS_POLL_JITTER_FULL_SECONDS)
+    share = float(settings.TOOLOPS_POLL_JITTER)
+    if full > 0 and base_s < full:
+        share *= base_s / full
+    return base_s * share
 
 
 def backoff_window_seconds(*, consecutive_errors: int) -> float:

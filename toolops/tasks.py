@@ -1,7 +1,8 @@
 """Celery tasks: thin, ids only; each reloads its row and re-checks lease and epoch in the service.
 
-The poll task runs its row inside the per-row error boundary (toolops.services.boundary): a crash
-is recorded on the row and the row rescheduled or queued, never left to the broker's redelivery.
+The poll tasks run each row inside the per-row error boundary (toolops.services.boundary): a
+crash is recorded on the row and the row rescheduled or queued, never left to the broker's
+redelivery.
 """
 
 from __future__ import annotations
@@ -10,18 +11,33 @@ import logging
 import uuid
 
 from celery import shared_task
+from celery.signals import worker_process_shutdown
+from django.conf import settings
 
 from toolops.broker import dispatch_room
 from toolops.services.boundary import exception_redacted, operation_poll_guarded
-from toolops.services.dispatch import operations_dispatch_due
+from toolops.services.dispatch import (
+    DispatchPass,
+    operations_dispatch_due_batches,
+    operations_dispatch_following_due,
+)
 from toolops.services.inputs import input_rounds_expire_due
 from toolops.services.outbox import outbox_relay
+from toolops.services.poll_batch import operations_poll_batch, poll_threads_stop
 
 logger = logging.getLogger("toolops.tasks")
 
 
-def _enqueue_poll(operation_id: uuid.UUID, lease_owner: str) -> None:
-    poll_operation.delay(str(operation_id), lease_owner)
+def _enqueue_batch(operation_ids: list[uuid.UUID], lease_owner: str) -> None:
+    poll_batch.delay([str(op_id) for op_id in operation_ids], lease_owner)
+
+
+def _dispatch_once() -> DispatchPass:
+    # Top the poll queue up to its cap, no more (toolops/broker.py); the cap counts rows.
+    batch = int(settings.TOOLOPS_POLL_BATCH_SIZE)
+    return operations_dispatch_due_batches(
+        enqueue_batch=_enqueue_batch, batch_size=batch,
+        room=dispatch_room(app=poll_batch.app, rows_per_message=batch))
 
 
 @shared_task(name="toolops.dispatch_due", ignore_result=True)
@@ -30,13 +46,20 @@ def dispatch_due() -> int:
         input_rounds_expire_due()  # unanswered input deadlines get their recorded outcome
     except Exception as exc:
         logger.warning("input deadline sweep failed: %s", exception_redacted(exc)["type"])
-    # Top the poll queue up to its cap, no more (toolops/broker.py).
-    return operations_dispatch_due(enqueue=_enqueue_poll,
-                                   room=dispatch_room(app=poll_operation.app))
+    # Within its tick, the dispatcher also wakes when the next row falls due.
+    return operations_dispatch_following_due(
+        seconds=float(settings.TOOLOPS_DISPATCH_FOLLOW_DUE_SECONDS), dispatch_once=_dispatch_once)
+
+
+@shared_task(name="toolops.poll_batch", ignore_result=True, acks_late=True)
+def poll_batch(operation_ids: list[str], lease_owner: str) -> dict[str, int]:
+    return operations_poll_batch(operation_ids=[uuid.UUID(i) for i in operation_ids],
+                                 lease_owner=lease_owner)
 
 
 @shared_task(name="toolops.poll_operation", ignore_result=True, acks_late=True)
 def poll_operation(operation_id: str, lease_owner: str) -> str:
+    """One row per message: kept for messages sent before batches (and for single-row callers)."""
     return operation_poll_guarded(operation_id=uuid.UUID(operation_id), lease_owner=lease_owner)
 
 
@@ -44,3 +67,9 @@ def poll_operation(operation_id: str, lease_owner: str) -> str:
 def relay_outbox() -> int:
     """One relay pass with the configured handler (TOOLOPS_OUTBOX_HANDLER)."""
     return outbox_relay().published
+
+
+@worker_process_shutdown.connect
+def _poll_threads_stop(**_kwargs: object) -> None:
+    # Held rows go back to the ledger at once and each poll thread closes its connection.
+    poll_threads_stop()

@@ -22,7 +22,8 @@ from typing import Any
 from django.db.models.expressions import Combinable
 from django.utils import timezone
 
-__all__ = ["RELEASE", "schedule_at", "schedule_cleared", "schedule_leased", "schedule_now"]
+__all__ = ["RELEASE", "lease_extended", "schedule_at", "schedule_cleared", "schedule_leased",
+           "schedule_now"]
 
 # Fields that end a lease; part of every write that hands the row back to the dispatcher.
 RELEASE: dict[str, Any] = {"lease_owner": "", "lease_expires_at": None}
@@ -62,3 +63,13 @@ def schedule_leased(*, owner: str, until: datetime) -> dict[str, Any]:
     walks past rows in flight, and a holder that dies is replaced exactly when its lease runs out.
     """
     return {"lease_owner": owner, "lease_expires_at": until, "next_poll_at": until}
+
+
+def lease_extended(*, until: datetime) -> dict[str, Any]:
+    """The holder's lease, moved to `until`; the next poll time is left as the poll wrote it.
+
+    For a worker that keeps a row between two polls of its own: its write must name itself as
+    the holder in its WHERE (the lease still ours and not run out), so an expired or taken lease
+    is never revived.
+    """
+    return {"lease_expires_at": until}

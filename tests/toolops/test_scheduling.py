@@ -23,6 +23,7 @@ from toolops.scheduling import (
     next_poll_at,
     poll_deadline_reason,
     poll_delay_seconds,
+    poll_jitter_window_seconds,
 )
 from toolops.services.dispatch import operations_claim_due
 from toolops.services.observe import operation_poll
@@ -38,6 +39,21 @@ def test_steady_delay_is_the_server_interval_plus_bounded_jitter(settings) -> No
     assert min(delays) >= 2.0 and max(delays) <= 2.4
     # jitter really spreads the fleet (not a constant offset)
     assert max(delays) - min(delays) > 0.3
+
+
+def test_short_intervals_get_a_proportionally_smaller_jitter_share(settings) -> None:
+    settings.TOOLOPS_POLL_JITTER = 0.2
+    settings.TOOLOPS_POLL_JITTER_FULL_SECONDS = 2.0
+    # Full share from the threshold on; below it the share shrinks with the interval.
+    assert poll_jitter_window_seconds(base_s=4.0) == pytest.approx(0.8)
+    assert poll_jitter_window_seconds(base_s=2.0) == pytest.approx(0.4)
+    assert poll_jitter_window_seconds(base_s=1.0) == pytest.approx(0.1)
+    assert poll_jitter_window_seconds(base_s=0.5) == pytest.approx(0.025)
+    delays = [poll_delay_seconds(poll_interval_ms=500) for _ in range(SAMPLES)]
+    assert min(delays) >= 0.5 and max(delays) <= 0.525
+    assert max(delays) - min(delays) > 0.015  # still spread, not a constant offset
+    settings.TOOLOPS_POLL_JITTER_FULL_SECONDS = 0.0  # off: the plain share at every interval
+    assert poll_jitter_window_seconds(base_s=0.5) == pytest.approx(0.1)
 
 
 def test_floor_holds_when_the_server_asks_for_zero(settings) -> None:

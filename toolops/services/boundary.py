@@ -129,13 +129,15 @@ def operation_record_crash(*, operation_id: uuid.UUID, lease_owner: str, exc: Ba
         return "executor_error_unrecorded"
 
 
-def operation_poll_guarded(*, operation_id: uuid.UUID, lease_owner: str) -> str:
+def operation_poll_guarded(*, operation_id: uuid.UUID, lease_owner: str,
+                           hold_until: datetime | None = None) -> str:
     """`operation_poll` inside the per-row error boundary: always returns an outcome label."""
     # Looked up at call time (the poll loop sits above this module, and tests replace it).
     from toolops.services.observe import operation_poll
 
     try:
-        outcome = operation_poll(operation_id=operation_id, lease_owner=lease_owner)
+        outcome = operation_poll(operation_id=operation_id, lease_owner=lease_owner,
+                                 hold_until=hold_until)
     except Exception as exc:
         return operation_record_crash(operation_id=operation_id, lease_owner=lease_owner, exc=exc)
     if outcome != ACCEPTANCE_REFUSED:

@@ -7,8 +7,10 @@ them leased. A worker that dies holding a lease stalls its rows only until the l
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
@@ -146,6 +148,73 @@ def operations_dispatch_due(*, enqueue: Callable[[uuid.UUID, str], None], room: 
             # Never enqueue inside the transaction: a rolled-back claim must send nothing.
             transaction.on_commit(partial(enqueue, op_id, owner))
     return len(ids)
+
+
+@dataclass(frozen=True)
+class DispatchPass:
+    claimed: int
+    # When the next row becomes claimable, read in the claim's transaction (no commit of its
+    # own); None when nothing is scheduled or the pass did not reach the database.
+    next_due_at: datetime | None = None
+    read_next_due: bool = False
+
+
+def operations_dispatch_due_batches(
+    *, enqueue_batch: Callable[[list[uuid.UUID], str], None], room: int | None = None,
+    batch_size: int | None = None,
+) -> DispatchPass:
+    """Like operations_dispatch_due, but the claimed rows go out in batches of `batch_size`
+    (default TOOLOPS_POLL_BATCH_SIZE): one message per batch, polled together by one worker
+    (toolops.services.poll_batch). `room` counts rows, not messages.
+
+    The same transaction also reads when the next row falls due, for a dispatcher that sleeps
+    until then (operations_dispatch_following_due) without a commit of its own per wake."""
+    if room is not None and room <= 0:
+        return DispatchPass(claimed=0)
+    size = max(int(batch_size or settings.TOOLOPS_POLL_BATCH_SIZE), 1)
+    claim = int(settings.TOOLOPS_CLAIM_BATCH)
+    owner = f"lease-{uuid.uuid4().hex}"
+    with transaction.atomic():
+        ids = claim_due_locked(owner=owner, limit=claim if room is None else min(room, claim))
+        for start in range(0, len(ids), size):
+            # Never enqueue inside the transaction: a rolled-back claim must send nothing.
+            transaction.on_commit(partial(enqueue_batch, ids[start:start + size], owner))
+        next_due = operations_next_due_at()
+    return DispatchPass(claimed=len(ids), next_due_at=next_due, read_next_due=True)
+
+
+# After a pass that claimed nothing although a row was due (the poll queue is full), wait at
+# least this long before the next pass, so a full queue is not met with a busy loop of claims.
+DISPATCH_FULL_NAP_SECONDS = 0.05
+
+
+def operations_dispatch_following_due(*, seconds: float,
+                                      dispatch_once: Callable[[], DispatchPass]) -> int:
+    """Run `dispatch_once` now and then again whenever the next row becomes claimable, for
+    `seconds` (one dispatcher tick). A row due between two ticks is claimed at its time instead
+    of waiting up to a whole tick. Passes are at least TOOLOPS_DISPATCH_MIN_GAP_SECONDS apart,
+    so rows falling due close together share one claim (one commit) and one batch."""
+    end = time.monotonic() + seconds
+    gap = float(settings.TOOLOPS_DISPATCH_MIN_GAP_SECONDS)
+    total = 0
+    while True:
+        started = time.monotonic()
+        done = dispatch_once()
+        total += done.claimed
+        left = end - time.monotonic()
+        if left <= 0:
+            return total
+        if not done.read_next_due or (done.claimed == 0 and done.next_due_at is not None
+                                      and done.next_due_at <= timezone.now()):
+            wait = DISPATCH_FULL_NAP_SECONDS
+        elif done.next_due_at is None:
+            return total  # nothing scheduled: the next tick looks again
+        else:
+            wait = (done.next_due_at - timezone.now()).total_seconds()
+        wait = max(wait, gap - (time.monotonic() - started))
+        if wait >= left:
+            return total  # nothing due before the tick ends: the next tick's first pass takes it
+        time.sleep(max(wait, 0.0))
 
 
 def operations_poll_sooner(*, server_id: int, remote_ids: list[str]) -> int:

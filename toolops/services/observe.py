@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from datetime import datetime
 from typing import Any
 
 from django.db.models import F
@@ -36,6 +37,7 @@ from toolops.services.reconcile import operation_to_reconciliation
 from toolops.services.resolution import operation_classify_missing, operation_resolve_submission
 from toolops.services.results import operation_fetch_and_accept, operation_settle_terminal
 from toolops.services.schedule import (
+    lease_release_or_hold,
     operation_reschedule_after_error,
     operation_reschedule_rate_limited,
     task_schedule_fields,
@@ -55,11 +57,15 @@ TERMINAL_SERVER_STATUSES = frozenset(TerminalStatus.values)
 _MAYBE_STALE = frozenset({"stale_observation", "stale_lease", "acceptance_refused", "stale"})
 
 
-def operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
+def operation_poll(*, operation_id: uuid.UUID, lease_owner: str,
+                   hold_until: datetime | None = None) -> str:
     """Poll one leased row. Returns a short outcome label (for logs and the runner).
 
     A worker of an older execution epoch (a rollback moved the row to the other
     executor) is refused and the refusal recorded, whether it arrives late or is caught mid-poll.
+    `hold_until`: the caller polls this row again in-process if its next poll falls before then
+    (toolops.services.poll_batch), so a working answer keeps the lease instead of releasing it;
+    the outcome is then `held:<next poll time, ISO 8601>` instead of `working`.
     """
     op = Operation.objects.select_related("server").filter(id=operation_id).first()
     if op is None:
@@ -67,17 +73,17 @@ def operation_poll(*, operation_id: uuid.UUID, lease_owner: str) -> str:
     # Every log line of this poll (ours, the adapters', the services') carries the operation's
     # identity; the row is already loaded, so this costs no query.
     with operation_log_context_for(op):
-        outcome = _operation_poll_checked(op=op, lease_owner=lease_owner)
+        outcome = _operation_poll_checked(op=op, lease_owner=lease_owner, hold_until=hold_until)
         poll_logger.debug("operation polled", outcome=outcome, lease_owner=lease_owner)
         return outcome
 
 
-def _operation_poll_checked(*, op: Operation, lease_owner: str) -> str:
+def _operation_poll_checked(*, op: Operation, lease_owner: str, hold_until: datetime | None) -> str:
     operation_id = op.id
     if worker_refused_at_start(op=op, lease_owner=lease_owner):
         return "stale_epoch"
     try:
-        outcome = _operation_poll(op=op, lease_owner=lease_owner)
+        outcome = _operation_poll(op=op, lease_owner=lease_owner, hold_until=hold_until)
     except IllegalTransition:
         if operation_refuse_stale(operation_id=operation_id, claimed_epoch=op.execution_epoch,
                                   lease_owner=lease_owner, source="poll"):
@@ -91,7 +97,7 @@ def _operation_poll_checked(*, op: Operation, lease_owner: str) -> str:
     return outcome
 
 
-def _operation_poll(*, op: Operation, lease_owner: str) -> str:
+def _operation_poll(*, op: Operation, lease_owner: str, hold_until: datetime | None) -> str:
     """One poll cycle of a row loaded once (by operation_poll): no re-reads; every write below is
     one guarded UPDATE in one transaction."""
     now = timezone.now()
@@ -188,11 +194,11 @@ def _operation_poll(*, op: Operation, lease_owner: str) -> str:
         return operation_open_input_round(op=op, lease_owner=lease_owner, task=task,
                                           fields=fields, data=data)
     return _record_working(op=op, lease_owner=lease_owner, task=task, fields=fields, data=data,
-                           seq_guard=seq_guard)
+                           seq_guard=seq_guard, hold_until=hold_until)
 
 
 def _record_working(*, op: Operation, lease_owner: str, task: RemoteTask, fields: dict[str, Any],
-                    data: dict[str, Any], seq_guard: dict[str, Any]) -> str:
+                    data: dict[str, Any], seq_guard: dict[str, Any], hold_until: datetime | None) -> str:
     """A non-terminal answer. What the server says changed (its status, message or progress) is
     an event; a poll that changes nothing is one guarded UPDATE of the schedule and the counters
     (polls_count, last_polled_at), so the event series stays bounded however long the task runs."""
@@ -201,10 +207,11 @@ def _record_working(*, op: Operation, lease_owner: str, task: RemoteTask, fields
         or (task.status_message or "") != op.server_status_message
         or (task.progress is not None and task.progress != op.server_progress)
     )
+    lease = lease_release_or_hold(next_poll_at=fields["next_poll_at"], hold_until=hold_until)
     if changed:
         ok = operation_update_guarded(
             operation_id=op.id, state=op.state, execution_epoch=op.execution_epoch,
-            lease_owner=lease_owner, updates={**fields, **RELEASE}, event_kind="observed",
+            lease_owner=lease_owner, updates={**fields, **lease}, event_kind="observed",
             event_data=data, extra_filters=seq_guard,
             known={"cancel_generation": op.cancel_generation},
         )
@@ -212,5 +219,10 @@ def _record_working(*, op: Operation, lease_owner: str, task: RemoteTask, fields
         ok = Operation.objects.filter(
             id=op.id, state=op.state, execution_epoch=op.execution_epoch, lease_owner=lease_owner,
             **seq_guard,
-        ).update(**fields, **RELEASE, updated_at=timezone.now()) == 1
-    return "working" if ok else "stale_observation"
+        ).update(**fields, **lease, updated_at=timezone.now()) == 1
+    if not ok:
+        return "stale_observation"
+    if lease is not RELEASE:
+        # Kept for the caller's next in-process poll, at the time this write recorded.
+        return f"held:{fields['next_poll_at'].isoformat()}"
+    return "working"

@@ -15,6 +15,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -22,13 +23,29 @@ from django.utils.dateparse import parse_datetime
 from adapters import AdapterError, TransientError
 from adapters.base import RemoteTask
 from ledger.models import Operation
-from ledger.services.schedule import RELEASE, schedule_at, schedule_cleared
+from ledger.services.schedule import RELEASE, lease_extended, schedule_at, schedule_cleared
 from ledger.services.transitions import operation_update_guarded
 from toolops.scheduling import backoff_window_seconds, next_poll_after_error_at, next_poll_at
 from toolops.services.connections import RateLimited
 
-__all__ = ["RELEASE", "operation_reschedule_after_error", "operation_reschedule_rate_limited",
-           "task_schedule_fields"]
+__all__ = ["RELEASE", "lease_release_or_hold", "operation_reschedule_after_error",
+           "operation_reschedule_rate_limited", "task_schedule_fields"]
+
+
+def lease_release_or_hold(*, next_poll_at: datetime | None, hold_until: datetime | None) -> dict[str, Any]:
+    """The lease fields a working observation writes: RELEASE, or, when the caller will poll the
+    row again in-process (its next poll falls before `hold_until`), the same owner's lease kept
+    until just after that next poll.
+
+    The held lease ends TOOLOPS_POLL_HOLD_GRACE_SECONDS after the next poll time: a holder that
+    dies or falls behind stalls the row at most that long past its due time, after which the
+    dispatcher claims it like any expired lease (the claim query is unchanged: a held row is
+    leased, so it is not claimable before then).
+    """
+    if hold_until is None or next_poll_at is None or next_poll_at > hold_until:
+        return RELEASE
+    return lease_extended(until=next_poll_at + timedelta(
+        seconds=float(settings.TOOLOPS_POLL_HOLD_GRACE_SECONDS)))
 
 
 def _task_expiry(*, task: RemoteTask, now: datetime) -> datetime | None:

@@ -1,0 +1,207 @@
+"""Batches polled concurrently on the process's poll threads, and rows held between polls, with
+real PostgreSQL transactions, real threads and the reference SDK server."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+
+from ledger.models import Operation, OperationEvent, TerminalReceipt, ToolServer
+from ledger.states import State
+from tests.ledger.factories import OperationFactory, ToolServerFactory
+from tests.peers.fault_transport import FaultTransport
+from toolops.services import observe
+from toolops.services.connections import connections_use_transport
+from toolops.services.dispatch import (
+    operations_claim_due,
+    operations_dispatch_due_batches,
+    operations_dispatch_following_due,
+)
+from toolops.services.poll_batch import operations_poll_batch, poll_threads_stop
+from toolops.services.servers import server_add
+from toolops.services.submit import operation_submit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+GRACE = 2.0
+
+
+@pytest.fixture(autouse=True)
+def _poll_threads(transactional_db: None) -> Iterator[None]:
+    """Each test starts its process's poll threads afresh and stops them before the flush."""
+    with override_settings(TOOLOPS_POLL_THREADS=4, TOOLOPS_POLL_HOLD_SECONDS=2.0,
+                           TOOLOPS_POLL_HOLD_GRACE_SECONDS=GRACE):
+        yield
+        poll_threads_stop()
+
+
+@pytest.fixture
+def server(mcp_url: str) -> ToolServer:
+    srv = server_add(name=f"ref-{uuid.uuid4().hex[:6]}", url=mcp_url)
+    # A cap far above these tests' rates: four polls in flight together never wait for a token.
+    ToolServer.objects.filter(pk=srv.pk).update(max_qps=100_000.0)
+    srv.refresh_from_db()
+    return srv
+
+
+def _submit(server: ToolServer, seconds: float) -> Operation:
+    return operation_submit(server_name=server.name, tool_name="sleep_then_complete",
+                            call_node_id=f"pb-{uuid.uuid4().hex[:10]}",
+                            arguments={"seconds": seconds, "value": "v"}, ttl_ms=60_000)
+
+
+def _claim_now(*ops: Operation, owner: str) -> list[uuid.UUID]:
+    Operation.objects.filter(id__in=[op.id for op in ops]).update(
+        next_poll_at=timezone.now() - timedelta(seconds=1))
+    ids = operations_claim_due(owner=owner, limit=len(ops))
+    assert sorted(ids) == sorted(op.id for op in ops)
+    return ids
+
+
+def _wait_for(predicate: Any, timeout_s: float = 10.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_batch_is_polled_concurrently_and_each_row_reaches_its_receipt(server: ToolServer) -> None:
+    ops = [_submit(server, 0.2) for _ in range(4)]
+    time.sleep(0.4)  # done on the server: the one poll settles each row
+    # Each tasks/get answer waits until all four are in flight: a batch polled one row after
+    # the other would break the barrier (its polls would fail and be rescheduled).
+    barrier = threading.Barrier(4, timeout=5.0)
+    transport = FaultTransport()
+    transport.before_reply = lambda method: barrier.wait() if method == "tasks/get" else None
+    connections_use_transport(lambda _server: transport)
+    try:
+        ids = _claim_now(*ops, owner="batch-a")
+        counts = operations_poll_batch(operation_ids=ids, lease_owner="batch-a")
+    finally:
+        connections_use_transport(None)
+    assert counts == {"accepted": 4}
+    assert TerminalReceipt.objects.filter(operation_id__in=ids).count() == 4
+    assert set(Operation.objects.filter(id__in=ids).values_list("lease_owner", flat=True)) == {""}
+
+
+def test_a_crash_in_one_row_is_recorded_on_it_and_the_others_carry_on(
+        server: ToolServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    ops = [_submit(server, 0.2) for _ in range(3)]
+    time.sleep(0.4)
+    bad = ops[1].id
+    real = observe.operation_poll
+
+    def poll(**kwargs: Any) -> str:
+        if kwargs["operation_id"] == bad:
+            raise KeyError("a bug in one row's cycle")
+        return real(**kwargs)
+
+    monkeypatch.setattr("toolops.services.observe.operation_poll", poll)
+    ids = _claim_now(*ops, owner="batch-b")
+    counts = operations_poll_batch(operation_ids=ids, lease_owner="batch-b")
+    assert counts == {"accepted": 2, "executor_error": 1}
+    crashed = Operation.objects.get(id=bad)
+    assert crashed.state == State.WORKING and crashed.lease_owner == ""
+    assert OperationEvent.objects.filter(operation_id=bad, kind="executor_error").count() == 1
+    assert TerminalReceipt.objects.filter(operation_id__in=ids).exclude(operation_id=bad).count() == 2
+
+
+def test_a_working_row_is_held_and_polled_again_in_process_until_accepted(server: ToolServer) -> None:
+    op = _submit(server, 1.0)
+    ids = _claim_now(op, owner="batch-c")
+    counts = operations_poll_batch(operation_ids=ids, lease_owner="batch-c")
+    assert counts == {"held": 1}
+    row = Operation.objects.get(id=op.id)
+    # The ledger says it all: the next poll time as usual, the lease kept just past it.
+    assert row.lease_owner == "batch-c" and row.next_poll_at is not None
+    assert row.lease_expires_at == row.next_poll_at + timedelta(seconds=GRACE)
+    # Claimable by no one else meanwhile (the claim query is unchanged).
+    assert operations_claim_due(owner="someone-else") == []
+    # No dispatcher runs here: the holder thread polls the row to its receipt.
+    assert _wait_for(lambda: TerminalReceipt.objects.filter(operation_id=op.id).exists())
+    done = Operation.objects.get(id=op.id)
+    assert done.state == State.ACCEPTED and done.lease_owner == ""
+    assert done.poll_attempts >= 2  # each held poll is counted like a claim
+
+
+def test_with_holding_off_a_working_row_is_released(server: ToolServer) -> None:
+    op = _submit(server, 1.0)
+    ids = _claim_now(op, owner="batch-d")
+    with override_settings(TOOLOPS_POLL_HOLD_SECONDS=0.0):
+        assert operations_poll_batch(operation_ids=ids, lease_owner="batch-d") == {"working": 1}
+    row = Operation.objects.get(id=op.id)
+    assert row.lease_owner == "" and row.lease_expires_at is None and row.next_poll_at is not None
+
+
+def test_a_held_row_whose_lease_was_taken_is_left_to_its_new_owner(server: ToolServer) -> None:
+    op = _submit(server, 1.0)
+    ids = _claim_now(op, owner="batch-e")
+    assert operations_poll_batch(operation_ids=ids, lease_owner="batch-e") == {"held": 1}
+    polls = Operation.objects.get(id=op.id).polls_count
+    # Another worker owns the row now (its lease ran out and it was re-claimed).
+    Operation.objects.filter(id=op.id).update(
+        lease_owner="batch-other", lease_expires_at=timezone.now() + timedelta(seconds=30))
+    time.sleep(1.5)  # past the held poll time
+    row = Operation.objects.get(id=op.id)
+    assert row.lease_owner == "batch-other" and row.polls_count == polls
+    assert row.state == State.WORKING
+
+
+def test_stopping_hands_back_held_rows_and_ends_the_threads(server: ToolServer) -> None:
+    op = _submit(server, 5.0)
+    ids = _claim_now(op, owner="batch-f")
+    assert operations_poll_batch(operation_ids=ids, lease_owner="batch-f") == {"held": 1}
+    due = Operation.objects.get(id=op.id).next_poll_at
+    assert poll_threads_stop() == 1
+    row = Operation.objects.get(id=op.id)
+    assert row.lease_owner == "" and row.lease_expires_at is None and row.next_poll_at == due
+    assert not [t for t in threading.enumerate() if t.name.startswith("toolops-poll")]
+
+
+def test_the_dispatcher_claims_a_row_when_it_falls_due_within_its_tick() -> None:
+    server = ToolServerFactory()
+    soon = OperationFactory(server=server, state=State.WORKING,
+                            next_poll_at=timezone.now() + timedelta(seconds=0.3))
+    sent: list[tuple[list[uuid.UUID], str]] = []
+    started = time.monotonic()
+    claimed = operations_dispatch_following_due(
+        seconds=1.0, dispatch_once=lambda: operations_dispatch_due_batches(
+            enqueue_batch=lambda ids, owner: sent.append((ids, owner)), batch_size=16))
+    assert claimed == 1 and sent and sent[0][0] == [soon.id]
+    assert time.monotonic() - started < 1.5
+
+
+def test_claimed_rows_go_out_in_batches_of_the_configured_size() -> None:
+    server = ToolServerFactory()
+    now = timezone.now() - timedelta(seconds=1)
+    rows = OperationFactory.build_batch(10, server=server, state=State.WORKING, next_poll_at=now)
+    Operation.objects.bulk_create(rows)
+    sent: list[list[uuid.UUID]] = []
+    done = operations_dispatch_due_batches(enqueue_batch=lambda ids, _o: sent.append(ids),
+                                           batch_size=4, room=9)
+    assert done.claimed == 9 and done.read_next_due
+    assert done.next_due_at == now  # the tenth row, still due, read in the claim's transaction
+    assert [len(b) for b in sent] == [4, 4, 1]
+
+
+def test_the_poll_task_takes_ids_only_and_its_rows_reach_their_receipts(server: ToolServer) -> None:
+    from toolops.tasks import poll_batch
+
+    ops = [_submit(server, 0.6) for _ in range(3)]
+    ids = _claim_now(*ops, owner="batch-g")
+    # The task body, run inline: working at the first poll, all three held.
+    assert poll_batch([str(i) for i in ids], "batch-g") == {"held": 3}
+    # Polled again by the holder, to the receipt.
+    assert _wait_for(lambda: TerminalReceipt.objects.filter(operation_id__in=ids).count() == 3)
+    assert set(Operation.objects.filter(id__in=ids).values_list("state", flat=True)) == {
+        State.ACCEPTED}

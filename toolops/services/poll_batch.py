@@ -1,0 +1,296 @@
+"""Polling claimed rows in batches, concurrently, and holding rows whose next poll is near.
+
+A batch (the ids one dispatcher claim leased to one owner) is polled on the process's poll
+threads, each row inside the per-row error boundary (`operation_poll_guarded`), so a crash of
+one row is recorded on that row and the others carry on. Every poll still reloads its row,
+takes its QPS token through `server_call` and writes through the guarded UPDATEs of the poll
+cycle; the threads only overlap the waits (server, PostgreSQL, Redis). The adapter cache is per
+process, so all threads share one pooled HTTP client per server.
+
+Holding: a working row whose next poll is due within TOOLOPS_POLL_HOLD_SECONDS keeps its lease
+(written by the poll's own guarded UPDATE, with its `next_poll_at` as usual: the ledger stays the
+source of truth) and the process's holder thread polls it again at that time, instead of
+releasing it to the dispatcher tick and the broker. Before each held poll the holder renews the
+lease with a guarded UPDATE that requires the lease to be still ours and unexpired; the poll
+itself re-checks it on load and on every write. If the process dies or falls behind, the held
+lease ends TOOLOPS_POLL_HOLD_GRACE_SECONDS after the due time and the dispatcher claims the row.
+
+Threads and the database: each poll thread and the holder thread has its own Django connection
+(Django keeps one per thread). Each thread runs `close_old_connections` (what Django does
+around a request: a broken or too old connection is replaced, and with CONN_HEALTH_CHECKS the
+next query is preceded by a health check, one commit) at most every
+CONNECTION_CHECK_INTERVAL_SECONDS and after any failed row, not before every row: one check per
+row would be one more commit per poll. Each thread closes its connections when it stops
+(`poll_threads_stop`, called at worker process shutdown).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, connections
+from django.db.models import F
+from django.utils import timezone
+
+from ledger.models import Operation
+from ledger.services.schedule import RELEASE, lease_extended
+from ledger.states import POLLABLE
+from toolops.services.boundary import operation_poll_guarded
+from toolops.services.db_retry import exception_redacted
+
+logger = logging.getLogger("toolops.poll_batch")
+
+_STOP = object()
+# How often a poll or holder thread checks its connection (see the module docstring). A broken
+# connection met in between fails one row, whose boundary reopens it and records the crash.
+CONNECTION_CHECK_INTERVAL_SECONDS = 1.0
+
+
+class _ConnectionCheck:
+    """`close_old_connections` on this thread when due: every interval, or after a failure."""
+
+    def __init__(self) -> None:
+        self._next = 0.0
+
+    def __call__(self, *, failed: bool = False) -> None:
+        now = time.monotonic()
+        if failed or now >= self._next:
+            close_old_connections()
+            self._next = now + CONNECTION_CHECK_INTERVAL_SECONDS
+
+
+class _PollThreads:
+    """A fixed set of threads running row jobs; each closes its DB connections when it stops."""
+
+    def __init__(self, *, size: int) -> None:
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._run, name=f"toolops-poll-{i}", daemon=True)
+                         for i in range(max(size, 1))]
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self) -> None:
+        check = _ConnectionCheck()
+        failed = False
+        try:
+            while True:
+                item = self._jobs.get()
+                if item is _STOP:
+                    return
+                job, future = item
+                if not future.set_running_or_notify_cancel():
+                    continue
+                try:
+                    check(failed=failed)  # a broken or expired connection is replaced first
+                    outcome = job()
+                    # A crash the boundary recorded may have left the connection broken.
+                    failed = outcome.startswith("executor_error")
+                    future.set_result(outcome)
+                except BaseException as exc:  # the boundary returns labels; this is a last resort
+                    failed = True
+                    future.set_exception(exc)
+        finally:
+            connections.close_all()
+
+    def submit(self, job: Callable[[], str]) -> Future[str]:
+        future: Future[str] = Future()
+        self._jobs.put((job, future))
+        return future
+
+    def stop(self) -> None:
+        for _ in self._threads:
+            self._jobs.put(_STOP)
+        for thread in self._threads:
+            thread.join(timeout=5.0)
+
+
+class _Holder:
+    """Rows this process keeps between polls: (due, id, owner), polled again when due."""
+
+    def __init__(self, *, threads: _PollThreads) -> None:
+        self._threads = threads
+        self._heap: list[tuple[datetime, str, str]] = []
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="toolops-poll-holder", daemon=True)
+        self._thread.start()
+
+    def size(self) -> int:
+        with self._cond:
+            return len(self._heap)
+
+    def add(self, *, rows: Iterable[tuple[uuid.UUID, datetime]], owner: str) -> None:
+        with self._cond:
+            for op_id, due in rows:
+                heapq.heappush(self._heap, (due, str(op_id), owner))
+            self._cond.notify()
+
+    def _take_due(self) -> list[tuple[datetime, str, str]] | None:
+        with self._cond:
+            while not self._stopping:
+                if self._heap:
+                    wait = (self._heap[0][0] - timezone.now()).total_seconds()
+                    if wait <= 0:
+                        now = timezone.now()
+                        due = []
+                        while self._heap and self._heap[0][0] <= now:
+                            due.append(heapq.heappop(self._heap))
+                        return due
+                    self._cond.wait(timeout=wait)
+                else:
+                    self._cond.wait()
+            return None
+
+    def _run(self) -> None:
+        check = _ConnectionCheck()
+        failed = False
+        try:
+            while True:
+                due = self._take_due()
+                if due is None:
+                    return
+                by_owner: dict[str, list[uuid.UUID]] = {}
+                for _at, key, owner in due:
+                    by_owner.setdefault(owner, []).append(uuid.UUID(key))
+                for owner, ids in by_owner.items():
+                    try:
+                        check(failed=failed)
+                        failed = False
+                        operations_hold_renew(ids=ids, owner=owner)
+                    except Exception as exc:
+                        failed = True
+                        # The rows keep their held leases, which run out; the dispatcher re-claims.
+                        logger.warning("held leases not renewed: %s", exception_redacted(exc)["type"])
+                        continue
+                    # Not waited for: the next due rows must not queue behind this round's polls.
+                    # Its own threads, never _pool(): while stopping, that would start anew.
+                    for row_id, future in _submit_rows(threads=self._threads, holder=self,
+                                                       operation_ids=ids, lease_owner=owner):
+                        future.add_done_callback(partial(self._settled, row_id, owner))
+        finally:
+            connections.close_all()
+
+    def _settled(self, op_id: uuid.UUID, owner: str, future: Future[str]) -> None:
+        if future.exception() is None:
+            _hold_if_held(holder=self, op_id=op_id, outcome=future.result(), owner=owner)
+
+    def stop(self) -> None:
+        """Stop scheduling held polls (polls already handed to the threads still run)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout=5.0)
+
+    def drain(self) -> list[tuple[datetime, str, str]]:
+        with self._cond:
+            left, self._heap = self._heap, []
+        return left
+
+
+_lock = threading.Lock()
+_threads: _PollThreads | None = None
+_holder: _Holder | None = None
+
+
+def _pool() -> tuple[_PollThreads, _Holder]:
+    """This process's poll threads and holder, started on first use (after a prefork fork)."""
+    global _threads, _holder
+    with _lock:
+        if _threads is None or _holder is None:
+            _threads = _PollThreads(size=int(settings.TOOLOPS_POLL_THREADS))
+            _holder = _Holder(threads=_threads)
+        return _threads, _holder
+
+
+def operations_hold_renew(*, ids: list[uuid.UUID], owner: str) -> int:
+    """Extend the held leases of rows now due, as a claim would (a full lease, one more poll
+    attempt), but only where the lease is still ours and unexpired. A row that fails this check
+    is then refused by its own poll (`stale_lease`): the dispatcher owns it again."""
+    now = timezone.now()
+    return Operation.objects.filter(
+        id__in=ids, lease_owner=owner, lease_expires_at__gt=now, state__in=POLLABLE,
+    ).update(**lease_extended(until=now + timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS))),
+             poll_attempts=F("poll_attempts") + 1, updated_at=now)
+
+
+def operations_poll_batch(*, operation_ids: list[uuid.UUID], lease_owner: str) -> dict[str, int]:
+    """Poll each row of a batch leased to `lease_owner` concurrently, each inside the per-row
+    error boundary; keep the working rows whose next poll is near. Returns outcome counts."""
+    if not operation_ids:
+        return {}
+    threads, holder = _pool()
+    return _poll_rows(threads=threads, holder=holder, operation_ids=operation_ids,
+                      lease_owner=lease_owner)
+
+
+def _poll_rows(*, threads: _PollThreads, holder: _Holder, operation_ids: list[uuid.UUID],
+               lease_owner: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for op_id, future in _submit_rows(threads=threads, holder=holder,
+                                      operation_ids=operation_ids, lease_owner=lease_owner):
+        outcome = future.result()
+        label = outcome.partition(":")[0]
+        counts[label] = counts.get(label, 0) + 1
+        _hold_if_held(holder=holder, op_id=op_id, outcome=outcome, owner=lease_owner)
+    return counts
+
+
+def _submit_rows(*, threads: _PollThreads, holder: _Holder, operation_ids: list[uuid.UUID],
+                 lease_owner: str) -> list[tuple[uuid.UUID, Future[str]]]:
+    """Hand each row to the poll threads, inside the per-row error boundary."""
+    hold_seconds = float(settings.TOOLOPS_POLL_HOLD_SECONDS)
+    hold_until = None
+    if hold_seconds > 0 and holder.size() < int(settings.TOOLOPS_POLL_HOLD_MAX_ROWS):
+        hold_until = timezone.now() + timedelta(seconds=hold_seconds)
+    return [(op_id, threads.submit(partial(operation_poll_guarded, operation_id=op_id,
+                                           lease_owner=lease_owner, hold_until=hold_until)))
+            for op_id in operation_ids]
+
+
+def _hold_if_held(*, holder: _Holder, op_id: uuid.UUID, outcome: str, owner: str) -> None:
+    label, _, detail = outcome.partition(":")
+    if label == "held":
+        # The poll kept the lease and wrote this next poll time (observe._record_working).
+        holder.add(rows=[(op_id, datetime.fromisoformat(detail))], owner=owner)
+
+
+def operations_release_held(*, rows: list[tuple[datetime, str, str]]) -> int:
+    """Hand back held leases (this process stops): the rows stay due at their next poll time."""
+    released = 0
+    by_owner: dict[str, list[str]] = {}
+    for _at, op_id, owner in rows:
+        by_owner.setdefault(owner, []).append(op_id)
+    for owner, ids in by_owner.items():
+        released += Operation.objects.filter(id__in=ids, lease_owner=owner).update(
+            **RELEASE, updated_at=timezone.now())
+    return released
+
+
+def poll_threads_stop() -> int:
+    """Stop this process's holder and poll threads (their connections are closed) and hand back
+    the held rows. Returns how many leases were handed back."""
+    global _threads, _holder
+    with _lock:
+        threads, holder = _threads, _holder
+        _threads = _holder = None
+    if holder is None or threads is None:
+        return 0
+    holder.stop()
+    threads.stop()  # runs what was handed to the threads; held ones come back to the holder
+    left = holder.drain()
+    try:
+        return operations_release_held(rows=left)
+    except Exception as exc:  # the held leases run out on their own
+        logger.warning("held rows not handed back: %s", exception_redacted(exc)["type"])
+        return 0
