@@ -105,8 +105,9 @@ def operation_open_input_round(
     try:
         requests, result_seen = _read_server_requests(op=op, remote_id=op.remote_id)
     except AdapterError as exc:
-        operation_reschedule_after_error(op=op, lease_owner=lease_owner, error=exc,
-                                         kind="input_read_error")
+        if not operation_reschedule_after_error(op=op, lease_owner=lease_owner, error=exc,
+                                                kind="input_read_error"):
+            return "stale"
         return "input_read_error"
     with transaction.atomic():
         # Lock order: the operation row, then its input rows.

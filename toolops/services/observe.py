@@ -145,14 +145,19 @@ def _operation_poll(*, op: Operation, lease_owner: str, hold_until: datetime | N
         task = server_call(server=op.server, purpose="poll",
                            fn=lambda adapter: adapter.get(remote_id=op.remote_id))
     except RateLimited as limited:
-        operation_reschedule_rate_limited(op=op, lease_owner=lease_owner, limited=limited)
+        # A write that matched nothing (the row moved on while we waited) is reported as stale,
+        # so an epoch bump in the meantime is recorded as this worker's refusal.
+        if not operation_reschedule_rate_limited(op=op, lease_owner=lease_owner, limited=limited):
+            return "stale"
         return "rate_limited"
     except NotFoundError as exc:
         cause = "session_lost" if isinstance(exc, SessionLostError) else "not_found_unknown"
         operation_classify_missing(op=op, lease_owner=lease_owner, cause=cause, error=exc)
         return "not_found"
     except (TransientError, LostResponseError, AdapterError) as exc:
-        operation_reschedule_after_error(op=op, lease_owner=lease_owner, error=exc, kind="poll_error")
+        if not operation_reschedule_after_error(op=op, lease_owner=lease_owner, error=exc,
+                                                kind="poll_error"):
+            return "stale"  # the answer was an error, and the row moved on while it came
         return "poll_error"
 
     # An older observation never overwrites a newer one: the sequence guard rejects it.

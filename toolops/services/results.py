@@ -196,15 +196,17 @@ def _fetch(*, op: Operation, lease_owner: str, seen: _Seen | None) -> tuple[Fetc
     with transaction.atomic(durable=True):
         _record_seen_locked(op=op, lease_owner=lease_owner, seen=seen)
     if isinstance(error, RateLimited):
-        operation_reschedule_rate_limited(op=op, lease_owner=lease_owner, limited=error)
+        if not operation_reschedule_rate_limited(op=op, lease_owner=lease_owner, limited=error):
+            return None, "stale"
         return None, "rate_limited"
     if isinstance(error, NotFoundError):
         # No digest yet, so this classifies UNKNOWN: a status without its result is never accepted.
         operation_classify_missing(op=op, lease_owner=lease_owner, cause="result_not_found",
                                    error=error)
         return None, "result_not_found"
-    operation_reschedule_after_error(op=op, lease_owner=lease_owner, error=error,
-                                     kind="result_fetch_error")
+    if not operation_reschedule_after_error(op=op, lease_owner=lease_owner, error=error,
+                                            kind="result_fetch_error"):
+        return None, "stale"
     return None, "result_fetch_error"
 
 

@@ -81,17 +81,18 @@ def task_schedule_fields(*, op: Operation, task: RemoteTask, now: datetime) -> d
 
 def operation_reschedule_after_error(
     *, op: Operation, lease_owner: str, error: AdapterError, kind: str
-) -> None:
+) -> bool:
     """Record a failed protocol call and try again later (backoff, full jitter, Retry-After as a
     floor, never past the expiry); the row does not advance.
 
     The run of failures is a counter on the row (reset by any answer), so the backoff needs no
-    read of the event log.
+    read of the event log. Returns False, writing nothing, when the row moved on meanwhile (an
+    epoch bump, a lost lease): the caller reports that as stale so a refusal can be recorded.
     """
     retry_after = error.retry_after if isinstance(error, TransientError) else None
     errors = op.poll_errors_in_row + 1
     now = timezone.now()
-    operation_update_guarded(
+    return operation_update_guarded(
         operation_id=op.id, state=op.state, execution_epoch=op.execution_epoch,
         lease_owner=lease_owner,
         updates={

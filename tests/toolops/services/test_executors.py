@@ -17,6 +17,7 @@ from ledger.services.acceptance import operation_accept_terminal
 from ledger.states import State
 from tests.concurrency import poll_in_thread, wait_for_lock_waiter
 from tests.ledger.factories import OperationFactory
+from tests.peers.fault_transport import Fault, FaultTransport
 from toolops.services.executors import (
     executor_claim_due,
     executor_lease_owner,
@@ -160,3 +161,46 @@ def test_worker_caught_mid_poll_by_an_epoch_bump_writes_nothing(server: ToolServ
     assert (refused.data["claimed_epoch"], refused.data["row_epoch"]) == (1, 2)
     assert not OperationEvent.objects.filter(operation_id=op.id, kind="observed").exists()
     assert row.state == State.WORKING
+
+
+@pytest.mark.parametrize("status", [503, 429])
+def test_an_error_answer_caught_by_an_epoch_bump_is_refused_and_recorded(
+    faults: FaultTransport, server: ToolServer, status: int
+) -> None:
+    """The server answers the poll with an error while the hand-over holds the row: the backoff
+    UPDATE (guarded on epoch) matches nothing, and the refusal is recorded as for an answer."""
+    op = _working("mid-error", seconds=3.0)
+    _due(op)
+    owner = executor_lease_owner(path="tasks")
+    assert executor_claim_due(path="tasks", owner=owner) == [op.id]
+    faults.inject(Fault("tasks/get", status))
+    outcome: list[str] = []
+    locked = threading.Event()
+    release = threading.Event()
+
+    def hold_and_bump() -> None:
+        try:
+            with transaction.atomic():
+                row = Operation.objects.select_for_update().get(id=op.id)
+                locked.set()
+                release.wait(10)
+                operation_hand_over_locked(op=row, to_path="legacy", reason="mid", actor="t",
+                                           now=timezone.now())
+        finally:
+            connection.close()
+
+    bumper = threading.Thread(target=hold_and_bump)
+    bumper.start()
+    assert locked.wait(10)
+    w = poll_in_thread(op, owner, outcome)
+    wait_for_lock_waiter()
+    release.set()
+    bumper.join(15)
+    w.join(15)
+    assert faults.pending_faults() == 0  # the error answer was the one the worker got
+    assert outcome == ["stale_epoch"]
+    row = Operation.objects.get(id=op.id)
+    assert (row.execution_epoch, row.executor_path, row.poll_errors_in_row) == (2, "legacy", 0)
+    refused = OperationEvent.objects.get(operation_id=op.id, kind="stale_epoch_refused")
+    assert (refused.data["claimed_epoch"], refused.data["row_epoch"]) == (1, 2)
+    assert not OperationEvent.objects.filter(operation_id=op.id, kind="poll_error").exists()
