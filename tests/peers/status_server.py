@@ -26,7 +26,6 @@ Run: python -m tests.peers.status_server --port PORT (MCP endpoint /mcp).
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import threading
@@ -34,6 +33,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.peers.scripted_http import serve_handler, serve_main
 
 PROTOCOL = "2025-11-25"
 SUBMISSION_KEY_META = "io.toolops/submission-key"
@@ -245,16 +246,11 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def serve(port: int) -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    server.daemon_threads = True
-    return server
+    return serve_handler(Handler, port=port)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, required=True)
-    args = parser.parse_args()
-    serve(args.port).serve_forever()
+    serve_main(Handler)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ table names and the move (or stay) it names, and that nothing crashed.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -20,6 +19,7 @@ from django.utils import timezone
 
 from ledger.models import Operation, OperationEvent, ToolServer
 from ledger.states import State
+from tests.peers.scripted_http import serving_in_thread
 from tests.peers.status_server import STATE, serve
 from toolops.conformance import SHAPE_A, UNKNOWN, Cell, cells_for
 from toolops.services.cancel import operation_cancel
@@ -41,11 +41,8 @@ def _wire(status: str) -> str:
 
 @pytest.fixture(scope="module")
 def status_url() -> Iterator[str]:
-    server = serve(0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/mcp"
-    server.shutdown()
+    with serving_in_thread(serve(0)) as base:
+        yield f"{base}/mcp"
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ SDK server sends, against the scriptable tests/peers/status_server_ext.py."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -21,6 +20,7 @@ from adapters import ProtocolViolationError
 from adapters.mcp_tasks_ext_2026 import McpTasksExt2026Adapter
 from ledger.models import Operation, OperationEvent, ToolServer
 from ledger.states import State
+from tests.peers.scripted_http import serving_in_thread
 from tests.peers.status_server_ext import TERMINAL, serve
 from tests.toolops.test_conformance_mcp_tasks_2025 import _check, _ids, _poll_once
 from toolops.conformance import SHAPE_B, UNKNOWN, Cell, cells_for
@@ -98,11 +98,8 @@ def _wire(status: str) -> str:
 
 @pytest.fixture(scope="module")
 def scripted_url() -> Iterator[str]:
-    server = serve(0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/mcp"
-    server.shutdown()
+    with serving_in_thread(serve(0)) as base:
+        yield f"{base}/mcp"
 
 
 @pytest.fixture

@@ -122,14 +122,10 @@ def test_a_shadow_row_never_takes_a_receipt() -> None:
     assert not TerminalReceipt.objects.filter(operation_id=shadow.id).exists()
 
 
-def test_worker_caught_mid_poll_by_an_epoch_bump_writes_nothing(server: ToolServer) -> None:
-    """The worker passes its lease check and asks the server; meanwhile the hand-over commits.
-    Its observation UPDATE (guarded on epoch) then matches nothing, and the refusal is recorded."""
-    op = _working("mid", seconds=3.0)
-    _due(op)
-    owner = executor_lease_owner(path="tasks")
-    assert executor_claim_due(path="tasks", owner=owner) == [op.id]
-    seq_before = Operation.objects.get(id=op.id).observation_seq
+def _poll_caught_by_an_epoch_bump(*, op: Operation, owner: str) -> list[str]:
+    """Poll `op` in a thread while another transaction holds its row lock; once the worker's
+    guarded write queues behind that lock, the holder hands the row over (epoch + 1) and commits.
+    Returns the poll's outcome."""
     outcome: list[str] = []
     locked = threading.Event()
     release = threading.Event()
@@ -148,13 +144,24 @@ def test_worker_caught_mid_poll_by_an_epoch_bump_writes_nothing(server: ToolServ
     bumper = threading.Thread(target=hold_and_bump)
     bumper.start()
     assert locked.wait(10)
-    w = poll_in_thread(op, owner, outcome)
+    worker = poll_in_thread(op, owner, outcome)
     # Wait until the worker's guarded UPDATE is queued behind the lock (pg_locks shows it).
     wait_for_lock_waiter()
     release.set()
     bumper.join(15)
-    w.join(15)
-    assert outcome == ["stale_epoch"]
+    worker.join(15)
+    return outcome
+
+
+def test_worker_caught_mid_poll_by_an_epoch_bump_writes_nothing(server: ToolServer) -> None:
+    """The worker passes its lease check and asks the server; meanwhile the hand-over commits.
+    Its observation UPDATE (guarded on epoch) then matches nothing, and the refusal is recorded."""
+    op = _working("mid", seconds=3.0)
+    _due(op)
+    owner = executor_lease_owner(path="tasks")
+    assert executor_claim_due(path="tasks", owner=owner) == [op.id]
+    seq_before = Operation.objects.get(id=op.id).observation_seq
+    assert _poll_caught_by_an_epoch_bump(op=op, owner=owner) == ["stale_epoch"]
     row = Operation.objects.get(id=op.id)
     assert (row.execution_epoch, row.executor_path, row.observation_seq) == (2, "legacy", seq_before)
     refused = OperationEvent.objects.get(operation_id=op.id, kind="stale_epoch_refused")
@@ -174,29 +181,7 @@ def test_an_error_answer_caught_by_an_epoch_bump_is_refused_and_recorded(
     owner = executor_lease_owner(path="tasks")
     assert executor_claim_due(path="tasks", owner=owner) == [op.id]
     faults.inject(Fault("tasks/get", status))
-    outcome: list[str] = []
-    locked = threading.Event()
-    release = threading.Event()
-
-    def hold_and_bump() -> None:
-        try:
-            with transaction.atomic():
-                row = Operation.objects.select_for_update().get(id=op.id)
-                locked.set()
-                release.wait(10)
-                operation_hand_over_locked(op=row, to_path="legacy", reason="mid", actor="t",
-                                           now=timezone.now())
-        finally:
-            connection.close()
-
-    bumper = threading.Thread(target=hold_and_bump)
-    bumper.start()
-    assert locked.wait(10)
-    w = poll_in_thread(op, owner, outcome)
-    wait_for_lock_waiter()
-    release.set()
-    bumper.join(15)
-    w.join(15)
+    outcome = _poll_caught_by_an_epoch_bump(op=op, owner=owner)
     assert faults.pending_faults() == 0  # the error answer was the one the worker got
     assert outcome == ["stale_epoch"]
     row = Operation.objects.get(id=op.id)
