@@ -9,6 +9,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+# What both scriptable servers end a task with, and the one input schema their questions ask.
+TERMINAL = frozenset({"completed", "failed", "cancelled"})
+SCHEMA = {"type": "object", "properties": {"value": {"type": "string"}}, "required": ["value"]}
+
 
 def serve_handler(handler: type[BaseHTTPRequestHandler], *, port: int) -> ThreadingHTTPServer:
     """A threaded HTTP server on loopback (port 0: any free one); its request threads are daemons

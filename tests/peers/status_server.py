@@ -34,14 +34,12 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tests.peers.scripted_http import serve_handler, serve_main
+from tests.peers.scripted_http import SCHEMA, TERMINAL, serve_handler, serve_main
 
 PROTOCOL = "2025-11-25"
 SUBMISSION_KEY_META = "io.toolops/submission-key"
 KEY_CAPABILITY = {SUBMISSION_KEY_META: {"lookup": {"path": "/lookup", "fences": True}}}
 RELATED = "io.modelcontextprotocol/related-task"
-TERMINAL = frozenset({"completed", "failed", "cancelled"})
-SCHEMA = {"type": "object", "properties": {"value": {"type": "string"}}, "required": ["value"]}
 
 
 @dataclass

@@ -32,12 +32,10 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tests.peers.scripted_http import serve_handler, serve_main
+from tests.peers.scripted_http import SCHEMA, TERMINAL, serve_handler, serve_main
 
 PROTOCOL = "2026-07-28"
 EXTENSION = "io.modelcontextprotocol/tasks"
-TERMINAL = frozenset({"completed", "failed", "cancelled"})
-SCHEMA = {"type": "object", "properties": {"value": {"type": "string"}}, "required": ["value"]}
 
 
 @dataclass

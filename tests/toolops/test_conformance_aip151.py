@@ -11,7 +11,7 @@ import pytest
 
 from ledger.models import Operation, ToolServer
 from ledger.states import State
-from tests.toolops.test_conformance_mcp_tasks_2025 import _check, _ids, _poll_once
+from tests.toolops.conformance_walk import cell_id, check_cell, poll_once
 from toolops.conformance import AIP, UNKNOWN, Cell, cells_for
 from toolops.services.cancel import operation_cancel
 from toolops.services.submit import operation_submit
@@ -35,22 +35,22 @@ def _submit(args: dict[str, Any], node: str) -> Operation:
                             arguments=args, ttl_ms=60_000)
 
 
-@pytest.mark.parametrize("cell", cells_for(adapter=AIP, position="operation_fields"), ids=_ids)
+@pytest.mark.parametrize("cell", cells_for(adapter=AIP, position="operation_fields"), ids=cell_id)
 def test_operation_fields(aip_server: ToolServer, cell: Cell) -> None:
     op = _submit(FIELDS[cell.status], node=f"aip-{cell.status}")
     assert op.state == State.WORKING
     time.sleep(0.2)  # the short ones are done by now
-    _poll_once(op)
+    poll_once(op)
     op.refresh_from_db()
-    _check(op, cell)
+    check_cell(op, cell)
 
 
-@pytest.mark.parametrize("cell", cells_for(adapter=AIP, position="create_reply"), ids=_ids)
+@pytest.mark.parametrize("cell", cells_for(adapter=AIP, position="create_reply"), ids=cell_id)
 def test_create_reply(aip_server: ToolServer, cell: Cell) -> None:
     args = {**FIELDS[cell.status], **({"instant": True} if cell.status != "done:false" else {})}
     op = _submit(args, node=f"aip-create-{cell.status}")
     op.refresh_from_db()
-    _check(op, cell)
+    check_cell(op, cell)
 
 
 # What the operation read after the (Empty) cancel reply shows, per cell: still running (the
@@ -65,13 +65,13 @@ CANCEL: dict[str, dict[str, Any]] = {
 
 
 @pytest.mark.parametrize("cell", [c for c in cells_for(adapter=AIP, position="cancel_reply")
-                                  if c.status in CANCEL], ids=_ids)
+                                  if c.status in CANCEL], ids=cell_id)
 def test_cancel_reply(aip_server: ToolServer, cell: Cell) -> None:
     op = _submit(CANCEL[cell.status], node=f"aip-cancel-{cell.status}")
     time.sleep(0.2)  # the short ones are done by now: the cancel lost the race
     operation_cancel(operation_id=op.id)
     op.refresh_from_db()
-    _check(op, cell)
+    check_cell(op, cell)
     assert op.state == State.CANCEL_REQUESTED or cell.status == "cancelled", op.state
 
 
@@ -83,14 +83,14 @@ RESULT: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.mark.parametrize("cell", cells_for(adapter=AIP, position="result"), ids=_ids)
+@pytest.mark.parametrize("cell", cells_for(adapter=AIP, position="result"), ids=cell_id)
 def test_result(aip_server: ToolServer, cell: Cell) -> None:
     """The done operation is read for its outcome (the result read) and accepted with it."""
     op = _submit(RESULT[cell.status], node=f"aip-result-{cell.status}")
     time.sleep(0.2)
-    _poll_once(op)
+    poll_once(op)
     op.refresh_from_db()
-    _check(op, cell)
+    check_cell(op, cell)
     assert op.receipt.terminal_status == cell.status
     if cell.status == "completed":
         assert op.result["kind"] == "result" and "v" in str(op.result["payload"])

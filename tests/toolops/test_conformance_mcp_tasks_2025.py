@@ -9,7 +9,6 @@ table names and the move (or stay) it names, and that nothing crashed.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -21,24 +20,15 @@ from ledger.models import Operation, OperationEvent, ToolServer
 from ledger.states import State
 from tests.peers.scripted_http import serving_in_thread
 from tests.peers.status_server import STATE, serve
-from toolops.conformance import SHAPE_A, UNKNOWN, Cell, cells_for
+from tests.toolops.conformance_walk import cell_id, check_cell, poll_once, wire_status
+from toolops.conformance import SHAPE_A, Cell, cells_for
 from toolops.services.cancel import operation_cancel
-from toolops.services.dispatch import operations_claim_due
-from toolops.services.observe import operation_poll
 from toolops.services.servers import server_add
 from toolops.services.submit import operation_submit
 
 pytestmark = pytest.mark.django_db
 
 TERMINAL = ("completed", "failed", "cancelled")
-# What the scriptable server says for the cell's "status the protocol lacks".
-UNKNOWN_WIRE = "paused"
-
-
-def _wire(status: str) -> str:
-    return UNKNOWN_WIRE if status == UNKNOWN else status
-
-
 @pytest.fixture(scope="module")
 def status_url() -> Iterator[str]:
     with serving_in_thread(serve(0)) as base:
@@ -55,51 +45,13 @@ def _submit(script: dict[str, Any], node: str) -> Operation:
                             arguments={"script": script}, ttl_ms=60_000)
 
 
-def _poll_once(op: Operation) -> str:
-    Operation.objects.filter(id=op.id).update(next_poll_at=timezone.now())
-    claimed = operations_claim_due(owner="conformance")
-    assert op.id in claimed
-    return operation_poll(operation_id=op.id, lease_owner="conformance")
-
-
-def _check(op: Operation, cell: Cell) -> None:
-    if cell.event == "polls_count":
-        # An unchanged answer is counted on the row, not written as an event.
-        assert op.polls_count >= 1 and op.state == cell.from_state, f"{cell}: {op.state}"
-        return
-    events = list(OperationEvent.objects.filter(operation=op).order_by("seq"))
-    kinds = [e.kind for e in events]
-    assert cell.event in kinds, f"{cell}: events {kinds}"
-    if cell.moves:
-        assert any(e.from_state == cell.from_state and e.to_state == cell.to_state
-                   for e in events), f"{cell}: no {cell.from_state} -> {cell.to_state} in {kinds}"
-    else:
-        # The observation itself moved nothing: no transition out of from_state after it.
-        at = kinds.index(cell.event)
-        assert all(e.from_state == e.to_state or e.from_state != cell.from_state
-                   for e in events[at:]), f"{cell}: moved on: {kinds}"
-    if cell.violation:
-        event = events[kinds.index(cell.event)]
-        assert event.data, f"{cell}: a violation is recorded with its reason"
-        if cell.event != "cancel_reply_not_cancelled":  # readable, only not what 2025-11-25 says
-            # Typed as a violation: the error's type, or (an unreadable create reply, which is a
-            # possibly created task) the lost reply flagged as one.
-            recorded = json.dumps(event.data)
-            assert "ProtocolViolationError" in recorded or '"protocol_violation": true' in recorded, (
-                f"{cell}: {event.data}")
-
-
-def _ids(cell: Cell) -> str:
-    return f"{cell.position}:{cell.status}:{cell.from_state}"
-
-
-@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_A, position="create_reply"), ids=_ids)
+@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_A, position="create_reply"), ids=cell_id)
 def test_create_reply(server: ToolServer, cell: Cell) -> None:
-    status = _wire(cell.status)
+    status = wire_status(cell.status)
     op = _submit({"create": status, "get": [status if status in TERMINAL else "completed"]},
                  node=f"create-{status}")
     op.refresh_from_db()
-    _check(op, cell)
+    check_cell(op, cell)
     if cell.status == "input_required":
         # Round 1 is open, the remote id recorded with it.
         assert op.state == State.INPUT_REQUIRED and op.remote_id and op.input_round == 1
@@ -107,40 +59,40 @@ def test_create_reply(server: ToolServer, cell: Cell) -> None:
 
 
 @pytest.mark.parametrize("cell", [c for c in cells_for(adapter=SHAPE_A, position="get")
-                                  if c.from_state == State.WORKING], ids=_ids)
+                                  if c.from_state == State.WORKING], ids=cell_id)
 def test_get_while_working(server: ToolServer, cell: Cell) -> None:
-    status = _wire(cell.status)
+    status = wire_status(cell.status)
     op = _submit({"create": "working", "get": [status, "completed"] if status == "input_required"
                   else [status]}, node=f"get-{status}")
     assert op.state == State.WORKING
-    _poll_once(op)
+    poll_once(op)
     op.refresh_from_db()
-    _check(op, cell)
+    check_cell(op, cell)
 
 
 @pytest.mark.parametrize("cell", [c for c in cells_for(adapter=SHAPE_A, position="get")
-                                  if c.from_state == State.CANCEL_REQUESTED], ids=_ids)
+                                  if c.from_state == State.CANCEL_REQUESTED], ids=cell_id)
 def test_get_while_a_cancel_is_pending(server: ToolServer, cell: Cell) -> None:
-    status = _wire(cell.status)
+    status = wire_status(cell.status)
     # The cancel reply says `working` (no evidence), so the row polls in CANCEL_REQUESTED.
     op = _submit({"create": "working", "get": [status], "cancel": "working"},
                  node=f"cget-{status}")
     operation_cancel(operation_id=op.id)
     op.refresh_from_db()
     assert op.state == State.CANCEL_REQUESTED
-    _poll_once(op)
+    poll_once(op)
     op.refresh_from_db()
-    _check(op, cell)
+    check_cell(op, cell)
 
 
-@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_A, position="cancel_reply"), ids=_ids)
+@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_A, position="cancel_reply"), ids=cell_id)
 def test_cancel_reply(server: ToolServer, cell: Cell) -> None:
-    status = _wire(cell.status)
+    status = wire_status(cell.status)
     op = _submit({"create": "working", "get": ["working"], "cancel": status},
                  node=f"cancel-{status}")
     operation_cancel(operation_id=op.id)
     op.refresh_from_db()
-    _check(op, cell)
+    check_cell(op, cell)
 
 
 # What `tasks/result` returns for each terminal status (`cancelled` has nothing to fetch).
@@ -150,20 +102,20 @@ RESULTS: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_A, position="result"), ids=_ids)
+@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_A, position="result"), ids=cell_id)
 def test_result(server: ToolServer, cell: Cell) -> None:
     script: dict[str, Any] = {"create": "working", "get": [cell.status]}
     if cell.status in RESULTS:
         # The first read fails, so the result is read by a later poll of a FETCHING_RESULT row.
         script.update(result=RESULTS[cell.status], result_errors=1)
     op = _submit(script, node=f"result-{cell.status}")
-    _poll_once(op)
+    poll_once(op)
     op.refresh_from_db()
     if cell.status in RESULTS:
         assert op.state == State.FETCHING_RESULT and not op.result_digest, op.state
-        _poll_once(op)
+        poll_once(op)
         op.refresh_from_db()
-    _check(op, cell)
+    check_cell(op, cell)
     assert op.receipt.terminal_status == cell.status
     if cell.status in RESULTS:
         # What the server returned is what was accepted (its task `_meta` aside).
@@ -174,7 +126,7 @@ def test_result(server: ToolServer, cell: Cell) -> None:
         assert op.result["kind"] == "none"
 
 
-@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_A, position="notification"), ids=_ids)
+@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_A, position="notification"), ids=cell_id)
 def test_notification(server: ToolServer, cell: Cell) -> None:
     """A status push about one task, read on another task's `tasks/get` stream, only makes the
     pushed task's row due now: no event, no state, no server status written from it."""
@@ -183,26 +135,26 @@ def test_notification(server: ToolServer, cell: Cell) -> None:
     Operation.objects.filter(id=target.id).update(next_poll_at=later)
     events_before = OperationEvent.objects.filter(operation=target).count()
     carrier = _submit({"create": "working", "get": ["working"], "notify": {
-        "taskId": target.remote_id, "status": _wire(cell.status),
+        "taskId": target.remote_id, "status": wire_status(cell.status),
         "createdAt": "2026-01-01T00:00:00Z", "lastUpdatedAt": "2026-01-01T00:00:00Z", "ttl": 60_000,
     }}, node=f"push-carrier-{cell.status}")
-    _poll_once(carrier)
+    poll_once(carrier)
     target.refresh_from_db()
     assert target.next_poll_at is not None and target.next_poll_at <= timezone.now(), cell
     assert target.state == cell.from_state and target.server_state == "working"
     assert OperationEvent.objects.filter(operation=target).count() == events_before
 
 
-@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_A, position="lookup_by_key"), ids=_ids)
+@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_A, position="lookup_by_key"), ids=cell_id)
 def test_lookup_by_key(server: ToolServer, cell: Cell) -> None:
     """The create reply is lost; the server's fencing key lookup finds the task, whatever its
     status: WORKING, and the `get` that follows decides from there."""
     op = _submit({"create": cell.status, "get": [cell.status], "lose_create": True},
                  node=f"lookup-{cell.status}")
     assert op.state == State.SUBMISSION_UNKNOWN and not op.remote_id
-    _poll_once(op)
+    poll_once(op)
     op.refresh_from_db()
-    _check(op, cell)
+    check_cell(op, cell)
     found = STATE.by_key(op.submission_key)
     assert found is not None and op.remote_id == found.task_id
 
@@ -214,15 +166,15 @@ def nokey_server(status_url: str) -> ToolServer:
     return server_add(name="status-nokey", url=f"{status_url}-nokey", max_qps=50)
 
 
-@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_A, position="list"), ids=_ids)
+@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_A, position="list"), ids=cell_id)
 def test_list(nokey_server: ToolServer, cell: Cell) -> None:
     op = operation_submit(server_name="status-nokey", tool_name="scripted", call_node_id="list",
-                          arguments={"script": {"create": _wire(cell.status), "lose_create": True}},
+                          arguments={"script": {"create": wire_status(cell.status), "lose_create": True}},
                           ttl_ms=60_000)
     assert op.state == State.SUBMISSION_UNKNOWN
-    _poll_once(op)
+    poll_once(op)
     op.refresh_from_db()
-    _check(op, cell)
+    check_cell(op, cell)
     event = OperationEvent.objects.get(operation=op, kind=cell.event)
     task = STATE.by_key(op.submission_key)
     assert task is not None

@@ -22,8 +22,8 @@ from ledger.models import Operation, OperationEvent, ToolServer
 from ledger.states import State
 from tests.peers.scripted_http import serving_in_thread
 from tests.peers.status_server_ext import TERMINAL, serve
-from tests.toolops.test_conformance_mcp_tasks_2025 import _check, _ids, _poll_once
-from toolops.conformance import SHAPE_B, UNKNOWN, Cell, cells_for
+from tests.toolops.conformance_walk import cell_id, check_cell, poll_once, wire_status
+from toolops.conformance import SHAPE_B, Cell, cells_for
 from toolops.services.cancel import operation_cancel
 from toolops.services.inputs import operation_answer_input
 from toolops.services.servers import server_add
@@ -59,42 +59,35 @@ def _settle(op: Operation, cell: Cell) -> None:
         # The short tasks end (or ask) within a moment; poll until the server says so.
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            _poll_once(op)
+            poll_once(op)
             op.refresh_from_db()
             if op.state != State.WORKING:
                 return
             time.sleep(0.2)
     else:
-        _poll_once(op)
+        poll_once(op)
 
 
-@pytest.mark.parametrize("cell", _walked("get") + _walked("ext_get_inline"), ids=_ids)
+@pytest.mark.parametrize("cell", _walked("get") + _walked("ext_get_inline"), ids=cell_id)
 def test_get_while_working(ext_server: ToolServer, cell: Cell) -> None:
     op = _submit(cell.status, node=f"ext-{cell.position}-{cell.status}")
     assert op.state == State.WORKING
     _settle(op, cell)
     op.refresh_from_db()
-    _check(op, cell)
+    check_cell(op, cell)
 
 
 @pytest.mark.parametrize("cell", [c for c in cells_for(adapter=SHAPE_B, position="cancel_reply")
-                                  if c.status == "cancelled"], ids=_ids)
+                                  if c.status == "cancelled"], ids=cell_id)
 def test_cancel_reply(ext_server: ToolServer, cell: Cell) -> None:
     """fastmcp-tasks answers a cancel of a running task with the task already `cancelled`."""
     op = _submit("working", node="ext-cancel")
     operation_cancel(operation_id=op.id)
     op.refresh_from_db()
-    _check(op, cell)
+    check_cell(op, cell)
 
 
 # -- the cells no conforming SDK server produces: the scriptable extension server --------------
-
-UNKNOWN_WIRE = "paused"  # what the scriptable server says for "a status the protocol lacks"
-
-
-def _wire(status: str) -> str:
-    return UNKNOWN_WIRE if status == UNKNOWN else status
-
 
 @pytest.fixture(scope="module")
 def scripted_url() -> Iterator[str]:
@@ -121,13 +114,13 @@ def _cancel_pending(script: dict[str, Any], node: str) -> Operation:
     return op
 
 
-@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_B, position="create_reply"), ids=_ids)
+@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_B, position="create_reply"), ids=cell_id)
 def test_create_reply(scripted: ToolServer, cell: Cell) -> None:
-    status = _wire(cell.status)
+    status = wire_status(cell.status)
     op = _run({"create": status, "get": [status if status in TERMINAL else "completed"]},
               node=f"xcreate-{status}")
     op.refresh_from_db()
-    _check(op, cell)
+    check_cell(op, cell)
     if cell.status == "input_required":
         # Round 1 opens from the inline request of the create reply.
         assert op.state == State.INPUT_REQUIRED and op.remote_id and op.input_round == 1
@@ -136,33 +129,33 @@ def test_create_reply(scripted: ToolServer, cell: Cell) -> None:
 
 @pytest.mark.parametrize("cell", [c for c in cells_for(adapter=SHAPE_B, position="get")
                                   if c.from_state == State.WORKING and c.status not in BY_STATUS],
-                         ids=_ids)
+                         ids=cell_id)
 def test_get_scripted(scripted: ToolServer, cell: Cell) -> None:
-    op = _run({"create": "working", "get": [_wire(cell.status)]}, node=f"xget-{cell.status}")
-    _poll_once(op)
+    op = _run({"create": "working", "get": [wire_status(cell.status)]}, node=f"xget-{cell.status}")
+    poll_once(op)
     op.refresh_from_db()
-    _check(op, cell)
+    check_cell(op, cell)
 
 
 @pytest.mark.parametrize("cell", [c for c in cells_for(adapter=SHAPE_B, position="get")
-                                  if c.from_state == State.CANCEL_REQUESTED], ids=_ids)
+                                  if c.from_state == State.CANCEL_REQUESTED], ids=cell_id)
 def test_get_while_a_cancel_is_pending(scripted: ToolServer, cell: Cell) -> None:
-    op = _cancel_pending({"create": "working", "get": ["working", _wire(cell.status)]},
+    op = _cancel_pending({"create": "working", "get": ["working", wire_status(cell.status)]},
                          node=f"xcget-{cell.status}")
-    _poll_once(op)
+    poll_once(op)
     op.refresh_from_db()
-    _check(op, cell)
+    check_cell(op, cell)
 
 
 @pytest.mark.parametrize("cell", [c for c in cells_for(adapter=SHAPE_B, position="cancel_reply")
-                                  if c.status != "cancelled"], ids=_ids)
+                                  if c.status != "cancelled"], ids=cell_id)
 def test_cancel_reply_scripted(scripted: ToolServer, cell: Cell) -> None:
     """The cancel is acknowledged; the read after it says what the task is now."""
-    op = _run({"create": "working", "get": [_wire(cell.status)], "cancel": "ack"},
+    op = _run({"create": "working", "get": [wire_status(cell.status)], "cancel": "ack"},
               node=f"xcancel-{cell.status}")
     operation_cancel(operation_id=op.id)
     op.refresh_from_db()
-    _check(op, cell)
+    check_cell(op, cell)
     assert op.state == State.CANCEL_REQUESTED
 
 
@@ -174,22 +167,22 @@ INLINE: dict[str, dict[str, Any]] = {
 
 
 @pytest.mark.parametrize("cell", [c for c in cells_for(adapter=SHAPE_B, position="ext_get_inline")
-                                  if c.status in INLINE], ids=_ids)
+                                  if c.status in INLINE], ids=cell_id)
 def test_inline_violation(scripted: ToolServer, cell: Cell) -> None:
     op = _run({"create": "working", **INLINE[cell.status]}, node=f"xinline-{cell.status}")
-    _poll_once(op)
+    poll_once(op)
     op.refresh_from_db()
-    _check(op, cell)
+    check_cell(op, cell)
     assert op.state == State.WORKING and not op.input_requests.exists()
 
 
 @pytest.mark.parametrize("cell", [c for c in cells_for(adapter=SHAPE_B, position="ext_get_inline")
-                                  if c.status == "input_required+answered key"], ids=_ids)
+                                  if c.status == "input_required+answered key"], ids=cell_id)
 def test_answered_key_comes_back(scripted: ToolServer, cell: Cell) -> None:
     """Round 1 answered; the server keeps listing its key: no second round, the row waits."""
     op = _run({"create": "working", "get": ["input_required"], "sticky_input": True},
               node="xsticky")
-    _poll_once(op)
+    poll_once(op)
     op.refresh_from_db()
     assert op.state == State.INPUT_REQUIRED
     ir = op.input_requests.get(round=1)
@@ -197,9 +190,9 @@ def test_answered_key_comes_back(scripted: ToolServer, cell: Cell) -> None:
                                   response={"value": "x"}) == "delivered"
     op.refresh_from_db()
     assert op.state == State.WORKING
-    _poll_once(op)
+    poll_once(op)
     op.refresh_from_db()
-    _check(op, cell)
+    check_cell(op, cell)
     assert op.input_requests.count() == 1
 
 
@@ -209,14 +202,14 @@ RESULT: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_B, position="result"), ids=_ids)
+@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_B, position="result"), ids=cell_id)
 def test_result(scripted: ToolServer, cell: Cell) -> None:
     """The inline outcome is the result read; `isError: true` is still a completed task here."""
     op = _run({"create": "working", "get": [cell.status], **RESULT.get(cell.status, {})},
               node=f"xresult-{cell.status}")
-    _poll_once(op)
+    poll_once(op)
     op.refresh_from_db()
-    _check(op, cell)
+    check_cell(op, cell)
     assert op.receipt.terminal_status == cell.status
     if cell.status == "completed":
         assert op.result["kind"] == "result" and op.result["payload"] == RESULT["completed"]["result"]
@@ -226,7 +219,7 @@ def test_result(scripted: ToolServer, cell: Cell) -> None:
         assert op.result["kind"] == "none"
 
 
-@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_B, position="notification"), ids=_ids)
+@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_B, position="notification"), ids=cell_id)
 def test_notification(scripted: ToolServer, cell: Cell) -> None:
     """A status push about one task, read on another task's `tasks/get`, only makes the pushed
     task's row due now: no event, no state, no server status written from it."""
@@ -234,8 +227,8 @@ def test_notification(scripted: ToolServer, cell: Cell) -> None:
     Operation.objects.filter(id=target.id).update(next_poll_at=timezone.now() + timedelta(minutes=5))
     events_before = OperationEvent.objects.filter(operation=target).count()
     carrier = _run({"create": "working", "get": ["working"], "notify": {
-        "taskId": target.remote_id, "status": _wire(cell.status)}}, node=f"xpush-{cell.status}")
-    _poll_once(carrier)
+        "taskId": target.remote_id, "status": wire_status(cell.status)}}, node=f"xpush-{cell.status}")
+    poll_once(carrier)
     target.refresh_from_db()
     assert target.next_poll_at is not None and target.next_poll_at <= timezone.now(), cell
     assert target.state == cell.from_state and target.server_state == "working"
