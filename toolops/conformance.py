@@ -130,6 +130,29 @@ def _cancel_reply(adapter: str, *, confirms: bool) -> list[Cell]:
     ]
 
 
+def _cancel_refused_read(adapter: str) -> list[Cell]:
+    """The status read that follows a `tasks/cancel` refused with -32602 ("already terminal", a
+    2025-11-25 answer): only a terminal status read there says how the task ended. A read that
+    contradicts the refusal (a reordered or stale answer) is no evidence of anything; the cancel
+    stands and polling decides, exactly as for a lost acknowledgement."""
+    contradicted = "tasks/cancel said already terminal; the read says otherwise"
+    return [
+        Cell(adapter, "cancel_refused_read", "working", S.CANCEL_REQUESTED, None,
+             "cancel_reply_contradicted", violation=contradicted),
+        Cell(adapter, "cancel_refused_read", "input_required", S.CANCEL_REQUESTED, None,
+             "cancel_reply_contradicted", violation=contradicted),
+        Cell(adapter, "cancel_refused_read", "cancelled", S.CANCEL_REQUESTED,
+             S.CANCELLED_ACCEPTED, "cancel_confirmed"),
+        # Completion won the race: that terminal state is fetched and accepted, the cancel lost.
+        Cell(adapter, "cancel_refused_read", "completed", S.CANCEL_REQUESTED,
+             S.TERMINAL_OBSERVED, "terminal_observed"),
+        Cell(adapter, "cancel_refused_read", "failed", S.CANCEL_REQUESTED, S.TERMINAL_OBSERVED,
+             "terminal_observed"),
+        Cell(adapter, "cancel_refused_read", UNKNOWN, S.CANCEL_REQUESTED, None, "cancel_ack_lost",
+             violation="status the protocol lacks; the cancel stands, polling decides"),
+    ]
+
+
 def _result_read(adapter: str) -> list[Cell]:
     return [
         Cell(adapter, "result", "completed", S.FETCHING_RESULT, S.ACCEPTED, "accepted"),
@@ -193,7 +216,8 @@ def _aip_fields() -> list[Cell]:
 def conformance_table() -> list[Cell]:
     cells: list[Cell] = []
     cells += _create_reply(SHAPE_A) + _status_read(SHAPE_A, "get") + _list_and_lookup(SHAPE_A)
-    cells += _cancel_reply(SHAPE_A, confirms=True) + _result_read(SHAPE_A) + _notification(SHAPE_A)
+    cells += _cancel_reply(SHAPE_A, confirms=True) + _cancel_refused_read(SHAPE_A)
+    cells += _result_read(SHAPE_A) + _notification(SHAPE_A)
     cells += _create_reply(SHAPE_B) + _status_read(SHAPE_B, "get") + _extension_get()
     cells += _cancel_reply(SHAPE_B, confirms=False) + _result_read(SHAPE_B)
     cells += _notification(SHAPE_B)

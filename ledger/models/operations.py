@@ -128,6 +128,11 @@ class Operation(models.Model):
             ),
             models.CheckConstraint(condition=Q(executor_path__in=["legacy", "tasks"]),
                                    name="op_executor_path_known"),
+            # What the receipt will carry: only a terminal status (or none yet) is ever recorded
+            # as one, whatever a server said and whichever code path wrote it.
+            models.CheckConstraint(
+                condition=Q(terminal_status="") | Q(terminal_status__in=TerminalStatus.values),
+                name="op_terminal_status_terminal"),
             # A shadow row always names the legacy row it shadows.
             models.CheckConstraint(condition=Q(shadow=False) | Q(shadow_of__isnull=False),
                                    name="op_shadow_has_legacy"),

@@ -34,6 +34,9 @@ class TerminalReceipt(models.Model):
                 fields=["tenant", "call_node_id", "execution_epoch"],
                 name="receipt_one_per_call_node_epoch"
             ),
+            # A receipt says how a call ended: never a status the server reports while working.
+            models.CheckConstraint(condition=Q(terminal_status__in=TerminalStatus.values),
+                                   name="receipt_status_terminal"),
         ]
 
     def __str__(self) -> str:

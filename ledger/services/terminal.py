@@ -29,7 +29,10 @@ def claim_check(field: str, expected: Any, claimed: Any) -> None:
 
 def final_state_for(*, op: Operation, terminal_status: str) -> State:
     """A confirmed cancel is accepted straight from CANCEL_REQUESTED; everything else only after
-    the result was fetched and digested (FETCHING_RESULT with a stored digest)."""
+    the result was fetched and digested (FETCHING_RESULT with a stored digest). Only a terminal
+    status is ever accepted: a receipt says how the call ended."""
+    if terminal_status not in TerminalStatus.values:
+        raise AcceptanceRefused(f"{terminal_status!r} is not a terminal status", field="terminal_status")
     if op.state == State.CANCEL_REQUESTED and terminal_status == TerminalStatus.CANCELLED:
         return State.CANCELLED_ACCEPTED
     if op.state == State.FETCHING_RESULT:

@@ -197,3 +197,29 @@ def test_two_operations_of_one_call_node_cannot_both_be_accepted() -> None:
     assert TerminalReceipt.objects.filter(call_node_id="node-x").count() == 1
     assert TerminalReceipt.objects.filter(call_node_id="node-y").count() == 1
     assert OutboxEvent.objects.count() == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("status", ["working", "input_required", "paused"])
+def test_a_status_that_is_not_terminal_is_never_accepted(status: str) -> None:
+    # From CANCEL_REQUESTED the claim is not compared with a recorded status, so the check on
+    # the status itself is what refuses it.
+    op = OperationFactory(state=State.CANCEL_REQUESTED, server_state=status, remote_id="t-1")
+    with pytest.raises(AcceptanceRefused) as refused:
+        operation_accept_terminal(**_claim(op, terminal_status=status))
+    assert refused.value.field == "terminal_status"
+    assert not TerminalReceipt.objects.filter(operation=op).exists()
+    op.refresh_from_db()
+    assert op.state == State.CANCEL_REQUESTED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_database_refuses_a_status_that_is_not_terminal_on_a_row_or_a_receipt() -> None:
+    op = _fetched_op()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Operation.objects.filter(id=op.id).update(terminal_status="working")
+    receipt = operation_accept_terminal(**_claim(op))
+    with pytest.raises(IntegrityError), transaction.atomic():
+        TerminalReceipt.objects.filter(pk=receipt.pk).update(terminal_status="working")
+    receipt.refresh_from_db()
+    assert receipt.terminal_status == "completed"

@@ -95,6 +95,39 @@ def test_cancel_reply(server: ToolServer, cell: Cell) -> None:
     check_cell(op, cell)
 
 
+@pytest.mark.parametrize("cell", cells_for(adapter=SHAPE_A, position="cancel_refused_read"),
+                         ids=cell_id)
+def test_read_after_a_cancel_refused_as_already_terminal(server: ToolServer, cell: Cell) -> None:
+    status = wire_status(cell.status)
+    script: dict[str, Any] = {"create": "working", "get": [status], "cancel": "error"}
+    if status in RESULTS:
+        script["result"] = RESULTS[status]
+    op = _submit(script, node=f"refused-{status}")
+    operation_cancel(operation_id=op.id)
+    op.refresh_from_db()
+    check_cell(op, cell)
+    if cell.to_state is None:
+        assert op.state == State.CANCEL_REQUESTED and not op.terminal_status, op.terminal_status
+
+
+def test_a_stale_working_read_after_already_terminal_never_becomes_the_receipt(
+        server: ToolServer) -> None:
+    """-32602 to the cancel, then a reordered `working` read, then the real `completed`: the
+    receipt carries `completed` (the status a later poll read), never the contradicting read."""
+    op = _submit({"create": "working", "get": ["working", "completed"], "cancel": "error",
+                  "result": RESULTS["completed"]}, node="refused-stale-working")
+    assert operation_cancel(operation_id=op.id) == "cancel_reply_contradicted"
+    op.refresh_from_db()
+    assert op.state == State.CANCEL_REQUESTED and not op.terminal_status
+    assert op.next_poll_at is not None and op.lease_owner == ""  # due: polling decides
+    poll_once(op)
+    op.refresh_from_db()
+    assert op.state == State.ACCEPTED and op.receipt.terminal_status == "completed"
+    kinds = list(OperationEvent.objects.filter(operation=op).order_by("seq")
+                 .values_list("kind", flat=True))
+    assert kinds.index("cancel_reply_contradicted") < kinds.index("cancel_lost")
+
+
 # What `tasks/result` returns for each terminal status (`cancelled` has nothing to fetch).
 RESULTS: dict[str, dict[str, Any]] = {
     "completed": {"content": [{"type": "text", "text": "done"}]},

@@ -30,6 +30,7 @@ from adapters import (
     AlreadyTerminalError,
     LostResponseError,
     NotFoundError,
+    ProtocolViolationError,
     TransientError,
 )
 from adapters.base import FetchedResult, RemoteTask
@@ -182,6 +183,15 @@ def _already_terminal(*, op: Operation, lease_owner: str, error: AdapterError) -
         return "not_found"
     except AdapterError as exc:
         return _ack_lost(op=op, lease_owner=lease_owner, error=exc)
+    if task.status not in TerminalStatus.values:
+        # The server said "already terminal" and its own read says otherwise (a reordered or
+        # stale answer): neither is evidence of how the task ended. The request stands and the
+        # row is polled at the server's pace until a terminal status is read.
+        return _ack_lost(
+            op=op, lease_owner=lease_owner, kind="cancel_reply_contradicted",
+            error=ProtocolViolationError(
+                f"tasks/cancel said already terminal, tasks/get says {task.status!r}"),
+        )
     return operation_observe_cancel_requested(op=op, lease_owner=lease_owner, task=task,
                                               observation_seq=None)
 
@@ -190,6 +200,8 @@ def operation_observe_cancel_requested(
     *, op: Operation, lease_owner: str, task: RemoteTask, observation_seq: int | None
 ) -> str:
     """A terminal status seen while CANCEL_REQUESTED (cancel reply lost, or already terminal)."""
+    if task.status not in TerminalStatus.values:
+        raise ValueError(f"not a terminal status: {task.status!r}")  # callers check first
     if task.status == "cancelled":
         return operation_accept_cancelled(op=op, lease_owner=lease_owner, task=task, source="poll")
     # Completion won the race: the real outcome is accepted and the cancel recorded as lost, but

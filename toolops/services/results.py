@@ -72,6 +72,10 @@ def operation_record_terminal_seen(
 
     `op`, when the caller holds the row already, saves the read and is updated in memory.
     """
+    if task.status not in TerminalStatus.values:
+        # Only a terminal status may become `terminal_status`: what is recorded here is what the
+        # receipt will carry. The callers branch on the status first; this is the backstop.
+        raise ValueError(f"not a terminal status: {task.status!r}")
     if op is None:
         op = Operation.objects.get(id=operation_id)
     updates: dict[str, Any] = {
