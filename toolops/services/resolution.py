@@ -41,9 +41,9 @@ from ledger.services.transitions import operation_transition, operation_update_g
 from ledger.states import State
 from toolops.errors import ToolopsError
 from toolops.scheduling import next_poll_at
-from toolops.services.connections import adapter_for_server, server_call
+from toolops.services.connections import RateLimited, adapter_for_server, server_call
 from toolops.services.reconcile import operation_to_reconciliation
-from toolops.services.schedule import task_schedule_fields
+from toolops.services.schedule import operation_reschedule_rate_limited, task_schedule_fields
 from toolops.services.servers import server_renegotiate
 
 PROVING_MODES = frozenset({KEY_LOOKUP, KEY_DEDUP_RESEND})
@@ -144,12 +144,26 @@ def operation_resolve_submission(*, operation_id: uuid.UUID, lease_owner: str) -
         resend = ResendRequest(tool=op.tool_name, arguments=dict(op.body.get("arguments") or {}),
                                ttl_ms=op.body.get("ttl_ms"))
     try:
-        # Under the QPS cap: no token is a TransientError (nothing sent), retried below.
-        task = server_call(server=op.server, purpose="lookup", fn=lambda a: a.lookup_by_key(
+        # follow_up: a lookup is rare and everything about the row waits on it, so a token due
+        # within two intervals is waited for rather than lost to the polls of a busy server.
+        task = server_call(server=op.server, purpose="lookup", follow_up=True,
+                           fn=lambda a: a.lookup_by_key(
             submission_key=op.submission_key, created_after=op.created_at,
             server_capabilities=op.server.capabilities,
             submitted_session=str(lost.get("session") or "") or None, resend=resend,
         ))
+    except RateLimited as limited:
+        # Nothing was sent: our own pacing, not an answer. The row comes back when the bucket
+        # has a token (as a refused poll does), not after the lookup backoff: under a saturated
+        # cap a lookup retried every 15 s loses every draw to the polls retried at the bucket's
+        # pace, and the row would reach its deadline having asked nothing.
+        if now >= deadline:
+            return _to_queue(op=op, lease_owner=lease_owner, reason="submission_unknown_deadline",
+                             evidence={"lost": lost, "error": str(limited),
+                                       "type": type(limited).__name__,
+                                       "deadline": deadline.isoformat()}, modes=modes)
+        operation_reschedule_rate_limited(op=op, lease_owner=lease_owner, limited=limited)
+        return "rate_limited"
     except NeverCreatedError as exc:
         operation_transition(
             operation_id=op.id, from_state=State.SUBMISSION_UNKNOWN, to_state=State.NOT_FOUND_SAFE,

@@ -14,6 +14,10 @@
   A row that saw the terminal state and fetched in time is accepted as usual; one whose next poll
   comes after the expiry gets a 404 (or stops at its own copy of the expiry) with no receipt, is
   UNKNOWN, and goes to the queue, where the operator settles it.
+- The operator settles a queue item from the server's console: the terminal status it shows is
+  attested; a task it shows still running for a row that never learned its id (a lost create
+  reply whose lookups ran out) gets that id attached, and the row polls on; no task at all is
+  abandoned.
 
 The operator's acceptance is an attestation, so its latency is kept out of the cancel
 confirmation figure (the acceptance event says `settled_by: operator`; the gate lists them apart).
@@ -21,7 +25,10 @@ confirmation figure (the acceptance event says `settled_by: operator`; the gate 
 
 from __future__ import annotations
 
+import functools
 import threading
+import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from django.db import transaction
@@ -31,7 +38,11 @@ from ledger.models import Operation, OperationEvent, ReconciliationItem
 from ledger.states import State, TerminalStatus
 from toolops.errors import ToolopsError
 from toolops.services.executors import LEGACY, TASKS
-from toolops.services.reconcile import reconciliation_abandon, reconciliation_accept_terminal
+from toolops.services.reconcile import (
+    reconciliation_abandon,
+    reconciliation_accept_terminal,
+    reconciliation_attach_remote_id,
+)
 from toolops.services.rollout import operation_hand_over_locked
 from toolops.simulation.plan import SeriesPlan
 from toolops.simulation.server import EPOCH
@@ -81,39 +92,55 @@ class ExtraFaults:
         """Resolve due queue items with the ground truth; returns when the next one falls due."""
         items = list(ReconciliationItem.objects.filter(
             status=ReconciliationItem.Status.OPEN, operation__server__in=self.run.servers,
-        ).values_list("id", "created_at", "operation__submission_key", "operation_id").order_by("id"))
-        keys = [key for _id, _created, key, _op in items]
+        ).values_list("id", "created_at", "operation__submission_key", "operation_id",
+                      "operation__remote_id").order_by("id"))
+        keys = [key for _id, _created, key, _op, _rid in items]
         truth: dict[str, str] = {}
+        task_ids: dict[str, str] = {}
         for sim in self.run.sims:
             # The server's console, lies included.
             truth.update(sim.truth(as_reported=True, keys=keys))
+            task_ids.update(sim.task_ids(keys=keys))
         next_due: float | None = None
-        for item_id, created, key, op_id in items:
+        for item_id, created, key, op_id, remote_id in items:
             due = (created - EPOCH).total_seconds() + OPERATOR_DELAY_S
             want = truth.get(key)
+            if due <= now_s and not remote_id and want is not None \
+                    and want not in TerminalStatus.values and key in task_ids:
+                # A row that never learned its task while the server still runs it (its input
+                # round unanswered, say): the operator finds the task in the console and hands
+                # its id to the row, which polls on from there.
+                self._settle(op_id, "attached", functools.partial(
+                    reconciliation_attach_remote_id, item_id=item_id, remote_id=task_ids[key],
+                    actor=OPERATOR,
+                    reason="the server's console shows this key's task still running"))
+                continue
             if due > now_s or (want is not None and want not in TerminalStatus.values):
                 # Not yet looked at, or the server still works on it: look again later.
                 later = due if due > now_s else now_s + OPERATOR_DELAY_S
                 next_due = later if next_due is None else min(next_due, later)
                 continue
-            try:
-                if want is None:
-                    reconciliation_abandon(item_id=item_id, actor=OPERATOR,
-                                           reason="the server never had this task: unknowable")
-                    kind = "abandoned"
-                else:
-                    reconciliation_accept_terminal(
-                        item_id=item_id, terminal_status=want, actor=OPERATOR,
-                        evidence={"seen": "simulated server ground truth", "status": want},
-                        reason=f"the server's operator confirms {want}")
-                    kind = "accepted"
-            except (ToolopsError, LedgerError) as exc:
-                index = self.run.op_index.get(op_id)
-                if index is not None:
-                    self.run.outcomes[index].errors.append(f"operator: {exc}")
-                continue
-            self._count(f"operator_{kind}")
+            if want is None:
+                self._settle(op_id, "abandoned", functools.partial(
+                    reconciliation_abandon, item_id=item_id, actor=OPERATOR,
+                    reason="the server never had this task: unknowable"))
+            else:
+                self._settle(op_id, "accepted", functools.partial(
+                    reconciliation_accept_terminal, item_id=item_id, terminal_status=want,
+                    actor=OPERATOR, evidence={"seen": "simulated server ground truth", "status": want},
+                    reason=f"the server's operator confirms {want}"))
         return next_due
+
+    def _settle(self, op_id: uuid.UUID, kind: str, resolve: Callable[[], object]) -> None:
+        """One resolution by the operator; a refusal is a finding on the series."""
+        try:
+            resolve()
+        except (ToolopsError, LedgerError) as exc:
+            index = self.run.op_index.get(op_id)
+            if index is not None:
+                self.run.outcomes[index].errors.append(f"operator: {exc}")
+            return
+        self._count(f"operator_{kind}")
 
     def problems(self, plan: SeriesPlan, keys: list[str]) -> list[str]:
         """Findings for one series: a planned fault that did not leave the record it must."""

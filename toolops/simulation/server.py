@@ -135,6 +135,11 @@ class SimServer:
                 out[task.key] = status
             return out
 
+    def task_ids(self, *, keys: Iterable[str]) -> dict[str, str]:
+        """submission key -> this server's task id, for the keys it holds a task for (its console)."""
+        with self.lock:
+            return {k: self.by_key[k] for k in keys if k in self.by_key}
+
     # -- protocol ----------------------------------------------------------------------
 
     def _task_json(self, task: SimTask, *, status: str | None = None, task_id: str | None = None

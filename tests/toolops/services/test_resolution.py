@@ -25,8 +25,10 @@ from tests.peers.fault_transport import DropToolsCall
 from tests.peers.launch import peer_lookup, peer_stats, running_reference_server
 from tests.toolops.helpers import submit_sleep
 from toolops.errors import SubmitRefused
+from toolops.qps import LocalTokenBucket, qps_bucket_replace, server_bucket_key
 from toolops.runner import run_embedded
 from toolops.services import connections
+from toolops.services.dispatch import operations_claim_due
 from toolops.services.observe import operation_poll
 from toolops.services.reconcile import reconciliation_attach_remote_id
 from toolops.services.results import _store_result, _stored_result, operation_record_terminal_seen
@@ -126,6 +128,35 @@ def test_dedup_resend_is_refused_after_the_session_changed(
     assert item.reason == "submission_unknown_deadline"
     stats = peer_stats(dedup_url)
     assert stats["submission_keys"][op.submission_key] == 1 and stats["tasks_created"] - before == 1
+
+
+def test_a_lookup_refused_by_the_qps_cap_comes_back_at_the_buckets_pace(
+        coop_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No token for the lookup: nothing was sent, so nothing is recorded as asked, and the row
+    is due again when the bucket can serve it, not after the lookup backoff (under a saturated
+    cap the backoff lost every draw to the polls and the row reached its deadline unasked)."""
+    bucket = LocalTokenBucket()
+    qps_bucket_replace(bucket)
+    try:
+        server = server_add(name="coop-slow", url=coop_url, max_qps=0.2)
+        _inject(monkeypatch, DropToolsCall(forward=True))
+        key = server_bucket_key(server_id=server.pk)
+        bucket.reset(key=key)  # full again after the session's initialisation
+        op = submit_sleep(server, node="lost-coop-capped", seconds=0.3)
+        assert op.state == State.SUBMISSION_UNKNOWN
+        lookups = OperationEvent.objects.filter(operation=op, kind="submission_lookup")
+        # The submit took the only token: the next one is about 5 s away.
+        Operation.objects.filter(id=op.id).update(next_poll_at=timezone.now())
+        assert op.id in operations_claim_due(owner="w1")
+        before = timezone.now()
+        assert operation_poll(operation_id=op.id, lease_owner="w1") == "rate_limited"
+        op.refresh_from_db()
+        assert op.state == State.SUBMISSION_UNKNOWN and op.lease_owner == ""
+        assert not lookups.exists()  # nothing was asked
+        assert op.next_poll_at is not None
+        assert before + timedelta(seconds=1) < op.next_poll_at < before + timedelta(seconds=30)
+    finally:
+        qps_bucket_replace(None)
 
 
 def override_resolution_deadline(seconds: float) -> Any:
