@@ -31,7 +31,7 @@ import atexit
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from django.conf import settings
@@ -259,6 +259,11 @@ class LocalTokenBucket:
                                peak_in_one_second=s.peak_in_one_second,
                                peak_at_epoch_second=s.peak_at_epoch_second,
                                by_purpose=dict(s.by_purpose))
+
+    def stats_load(self, *, key: str, stats: BucketStats) -> None:
+        """Counts taken elsewhere (another process's embedded bucket), to be reported from here."""
+        with self._lock:
+            self._stats[key] = BucketStats(**{**asdict(stats), "by_purpose": dict(stats.by_purpose)})
 
     def reset(self, *, key: str) -> None:
         with self._lock:

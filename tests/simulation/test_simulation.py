@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from toolops.simulation.plan import series_plan
-from toolops.simulation.runner import simulate
+from toolops.simulation.shards import simulate
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
@@ -80,8 +80,13 @@ def next_claimable_at(queryset: Any) -> datetime | None:
     return min([*free, *leased], default=None)
 
 
-def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None = None) -> list[uuid.UUID]:
+def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None = None,
+                     server_ids: Collection[int] | None = None) -> list[uuid.UUID]:
     """Claim due rows in the caller's transaction (see operations_claim_due).
+
+    `path` and `server_ids` narrow the claim to one executor path or to some servers (a
+    dispatcher that serves only those: a fleet partitioned by tool server, or one shard of the
+    simulation).
 
     A leased row is not due: the claim moves `next_poll_at` to the lease's end, so it becomes due
     again exactly when a worker that died holding it would have lost it, unless the poll writes
@@ -94,6 +99,8 @@ def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None =
     rows = Operation.objects.select_for_update(skip_locked=True)
     if path is not None:
         rows = rows.filter(executor_path=path)
+    if server_ids is not None:
+        rows = rows.filter(server_id__in=list(server_ids))
     connection = connections[router.db_for_write(Operation)]
     if connection.vendor == "postgresql":
         # One statement: lock, lease and return the batch (no second lookup of each id). Lapsed
@@ -126,10 +133,11 @@ def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None =
     return ids
 
 
-def operations_claim_due(*, owner: str, limit: int | None = None) -> list[uuid.UUID]:
+def operations_claim_due(*, owner: str, limit: int | None = None,
+                         server_ids: Collection[int] | None = None) -> list[uuid.UUID]:
     """One transaction: lock due, unleased rows (`FOR UPDATE SKIP LOCKED`), lease them."""
     with transaction.atomic():
-        return claim_due_locked(owner=owner, limit=limit)
+        return claim_due_locked(owner=owner, limit=limit, server_ids=server_ids)
 
 
 def operations_dispatch_due(*, enqueue: Callable[[uuid.UUID, str], None], room: int | None = None) -> int:
@@ -236,6 +244,10 @@ def operations_poll_sooner(*, server_id: int, remote_ids: list[str]) -> int:
     )
 
 
-def operations_next_due_at() -> datetime | None:
-    """When the earliest claimable row becomes claimable (None when nothing is scheduled)."""
-    return next_claimable_at(Operation.objects.all())
+def operations_next_due_at(*, server_ids: Collection[int] | None = None) -> datetime | None:
+    """When the earliest claimable row (of these servers) becomes claimable (None when nothing
+    is scheduled)."""
+    rows = Operation.objects.all()
+    if server_ids is not None:
+        rows = rows.filter(server_id__in=list(server_ids))
+    return next_claimable_at(rows)

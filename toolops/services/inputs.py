@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -383,11 +384,15 @@ def _resume_after_delivery(*, op: Operation, input_request_id: int, input_round:
 # -- deadlines ------------------------------------------------------------------------------
 
 
-def input_rounds_expire_due(*, now: datetime | None = None) -> int:
-    """Give every open round past its deadline a recorded outcome. Called by the dispatcher tick."""
+def input_rounds_expire_due(*, now: datetime | None = None,
+                            server_ids: Collection[int] | None = None) -> int:
+    """Give every open round past its deadline (of these servers' rows) a recorded outcome.
+    Called by the dispatcher tick."""
     now = now or timezone.now()
-    due = list(InputRequest.objects.filter(status=InputRequest.Status.OPEN, deadline__lte=now)
-               .order_by("deadline").values_list("id", "operation_id")[:EXPIRY_SWEEP_BATCH])
+    rounds = InputRequest.objects.filter(status=InputRequest.Status.OPEN, deadline__lte=now)
+    if server_ids is not None:
+        rounds = rounds.filter(operation__server_id__in=list(server_ids))
+    due = list(rounds.order_by("deadline").values_list("id", "operation_id")[:EXPIRY_SWEEP_BATCH])
     for ir_id, operation_id in due:
         _expire_one(input_request_id=ir_id, operation_id=operation_id, now=now)
     return len(due)

@@ -15,33 +15,27 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import itertools
 import math
 import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from django.db import connection
-from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.backends.signals import connection_created
 from django.utils import timezone
 
 from adapters.mcp_tasks_2025 import McpTasks2025Adapter
 from ledger.errors import LedgerError
-from ledger.models import InputRequest, Operation, ToolServer
+from ledger.models import InputRequest, Operation, OperationEvent, ToolServer
 from ledger.states import OPEN, State
 from toolops.errors import ToolopsError
-from toolops.qps import LocalTokenBucket, qps_bucket_replace
 from toolops.services.cancel import operation_cancel
-from toolops.services.connections import adapters_close_all, connections_use_transport
 from toolops.services.dispatch import operations_claim_due, operations_next_due_at
-from toolops.services.gate import GateReport, gate_report
 from toolops.services.inputs import input_rounds_expire_due, operation_answer_input
 from toolops.services.observe import operation_poll
 from toolops.services.servers import _tools_table
 from toolops.services.submit import operation_submit
-from toolops.simulation.clock import VirtualClock, virtual_time
+from toolops.simulation.clock import VirtualClock
 from toolops.simulation.faults_extra import ExtraFaults
 from toolops.simulation.plan import SeriesPlan, series_plan
 from toolops.simulation.pool import PollPool
@@ -76,29 +70,6 @@ class SeriesOutcome:
     errors: list[str] = field(default_factory=list)
 
 
-@dataclass
-class SimResult:
-    seed: int
-    series: int
-    only: int | None
-    virtual_seconds: float
-    gate: GateReport
-    server_peak_over_qps: float
-    server_peak_requests_over_qps: float
-    failing: dict[int, list[str]]
-    fault_counts: dict[str, int]
-    polls: int
-
-    @property
-    def passed(self) -> bool:
-        return (self.gate.passed and not self.failing and self.server_peak_over_qps <= 1.0
-                and self.server_peak_requests_over_qps <= 1.0)
-
-    def replay_command(self, index: int) -> str:
-        return (f"python manage.py toolops simulate --series {self.series} --seed {self.seed} "
-                f"--only {index}")
-
-
 def _ttl_ms(plan: SeriesPlan) -> int:
     if plan.expire_after_s is None:
         return DEFAULT_TTL_MS
@@ -109,22 +80,43 @@ def _key(tag: str, index: int, attempt: int) -> str:
     return hashlib.sha256(f"{tag}:{index}:{attempt}".encode()).hexdigest()[:40]
 
 
+def servers_for(*, series: int, servers: int | None = None) -> int:
+    """How many simulated servers a run of `series` has (series i is served by server i % n):
+    `servers` when given, else one per SERIES_PER_SERVER series."""
+    return max(1, servers or math.ceil(series / SERIES_PER_SERVER))
+
+
+def run_tag(*, seed: int) -> str:
+    """The next run's tag in this database (server names and call nodes start with it)."""
+    return f"sim{seed}r{ToolServer.objects.filter(name__startswith=f'sim{seed}r').count()}"
+
+
 class _Run:
     def __init__(self, *, series: int, seed: int, only: int | None,
-                 lie_about_series: frozenset[int], workers: int,
+                 lie_about_series: frozenset[int], workers: int, shard: int = 0, shards: int = 1,
+                 tag: str | None = None, servers: int | None = None,
                  on_progress: Callable[[SimProgress], None] | None = None) -> None:
         self.series, self.seed, self.only = series, seed, only
+        self.shard, self.shards = shard, shards
         self.on_progress = on_progress
-        self.progress_every = progress_step(series=series)
-        self.next_progress = self.progress_every
         self.clock = VirtualClock()
-        n_servers = max(1, math.ceil(series / SERIES_PER_SERVER))
-        self.tag = f"sim{seed}r{ToolServer.objects.filter(name__startswith=f'sim{seed}r').count()}"
+        n_servers = servers_for(series=series, servers=servers)
+        self.n_servers = n_servers
+        self.tag = tag or run_tag(seed=seed)
         self.lie_about_series = lie_about_series
-        self.sims = [SimServer(name=f"{self.tag}-s{k}", clock=self.clock.now_s,
-                               poll_interval_ms=POLL_INTERVAL_MS) for k in range(n_servers)]
+        # A shard owns whole servers (server k belongs to shard k % shards) and the series they
+        # serve, on a clock of its own: every server sees the load it would in a run of one
+        # shard, and nothing one shard does (a claim, an expiry sweep) touches another's rows.
+        self.sims_by_k = {k: SimServer(name=f"{self.tag}-s{k}", clock=self.clock.now_s,
+                                       poll_interval_ms=POLL_INTERVAL_MS)
+                          for k in range(n_servers) if k % shards == shard}
+        self.sims = list(self.sims_by_k.values())
+        # Arrivals as in the whole run, so a plan does not depend on how the run is split.
         arrival = ARRIVAL_PER_SERVER_S * n_servers
-        indexes = [only] if only is not None else list(range(series))
+        indexes = [only] if only is not None else [
+            i for i in range(series) if (i % n_servers) % shards == shard]
+        self.progress_every = progress_step(series=len(indexes))
+        self.next_progress = self.progress_every
         self.plans = {i: series_plan(seed=seed, index=i, arrival_per_s=arrival) for i in indexes}
         self.outcomes = {i: SeriesOutcome(index=i) for i in indexes}
         self.op_index: dict[uuid.UUID, int] = {}
@@ -157,7 +149,11 @@ class _Run:
             self.transports[server.pk] = transport
 
     def sim_for(self, index: int) -> SimServer:
-        return self.sims[index % len(self.sims)]
+        return self.sims_by_k[index % self.n_servers]
+
+    @property
+    def server_ids(self) -> list[int]:
+        return [s.pk for s in self.servers]
 
     # -- actors --------------------------------------------------------------------------
 
@@ -197,8 +193,8 @@ class _Run:
 
     def sweep(self, now_s: float) -> float | None:
         """Answers, re-submits and expiry; returns when the next answer falls due."""
-        input_rounds_expire_due()
-        server_ids = [s.pk for s in self.servers]
+        server_ids = self.server_ids
+        input_rounds_expire_due(server_ids=server_ids)
         next_answer: float | None = None
         # Only rows waiting for input: a round left open on a row that went to the queue is not
         # answerable (the operator settles the row there instead).
@@ -249,7 +245,7 @@ class _Run:
             self.polling.active = False
 
     def dispatch(self) -> int:
-        ids = sorted(operations_claim_due(owner="sim-dispatcher"),
+        ids = sorted(operations_claim_due(owner="sim-dispatcher", server_ids=self.server_ids),
                      key=lambda i: self.op_index.get(i, -1))
         if self.pool is None or len(ids) < 2:
             for op_id in ids:
@@ -295,7 +291,7 @@ class _Run:
                     return
             if now > last_start + SETTLE_LIMIT_S:
                 return
-            due = operations_next_due_at()
+            due = operations_next_due_at(server_ids=self.server_ids)
             candidates = [c for c in (
                 starts[cursor].start_s if cursor < len(starts) else None,
                 actions[0][0] if actions else None,
@@ -347,72 +343,23 @@ class _Run:
             if got and all(p.startswith("submit:") for p in problems):
                 problems = []
             if problems:
-                failing[index] = problems
+                failing[index] = problems + _trails(outcome.keys)
         return truth, counts, failing
 
 
-def _sim_session_setup(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
-    """The simulation's sessions commit without waiting for the WAL flush.
-
-    The run points at a scratch database and is judged by what the ledger says once it ends,
-    never after a crash, so the flush buys nothing here; transactions, row locks and constraints
-    behave exactly as with a synchronous commit (only durability across a server crash differs).
-    On a busy machine the flush is most of each commit's time.
-    """
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SET synchronous_commit TO off")
+# A failing series' report ends with the event kinds of each of its rows (repeats folded, the
+# last ones kept): on CI, where the database is gone after the run, that is what there is to read.
+TRAIL_EVENTS = 24
 
 
-def simulate(*, series: int, seed: int, only: int | None = None,
-             lie_about_series: frozenset[int] = frozenset(), workers: int = 1,
-             on_progress: Callable[[SimProgress], None] | None = None) -> SimResult:
-    """Run the simulation in the configured database and return its verdict with the gate."""
-    if only is not None and not 0 <= only < series:
-        raise ToolopsError(f"--only must be within 0..{series - 1}")
-    run = _Run(series=series, seed=seed, only=only, lie_about_series=lie_about_series,
-               workers=1 if only is not None else workers,
-               on_progress=None if only is not None else on_progress)
-    qps_bucket_replace(LocalTokenBucket())  # the embedded bucket, on the virtual clock below
-    connection_created.connect(_sim_session_setup)
-    if connection.connection is not None:
-        _sim_session_setup(sender=None, connection=connection)
-    try:
-        with virtual_time(run.clock, seed=seed):
-            run.register_servers()
-            transports = run.transports
-            connections_use_transport(lambda server: transports.get(server.pk))
-            run.loop()
-            truth, counts, failing = run.verdict()
-            gate = gate_report(server_names=[s.name for s in run.servers], ground_truth=truth,
-                               peer_counts=counts)
-    finally:
-        connection_created.disconnect(_sim_session_setup)
-        if run.pool is not None:
-            run.pool.close()
-        connections_use_transport(None)
-        adapters_close_all()
-        qps_bucket_replace(None)
-    # The server's own count, beside the bucket's (the gate figure): polls (tasks/get) per virtual
-    # second against the cap, and every request of any kind; both must stay within it (each HTTP
-    # request spends its own token: toolops.services.connections.server_request_gate).
-    peak = max((max(s.polls_per_second.values(), default=0) for s in run.sims), default=0)
-    peak_all = max((max(s.requests_per_second.values(), default=0) for s in run.sims), default=0)
-    faults: dict[str, int] = {}
-    for plan in run.plans.values():
-        for name in plan.faults():
-            faults[name] = faults.get(name, 0) + 1
-    faults.update(run.extra.summary())
-    return SimResult(seed=seed, series=series, only=only, virtual_seconds=round(run.clock.now_s(), 3),
-                     gate=gate, server_peak_over_qps=round(peak / SERVER_QPS, 4),
-                     server_peak_requests_over_qps=round(peak_all / SERVER_QPS, 4), failing=failing,
-                     fault_counts=dict(sorted(faults.items())), polls=run.polls)
-
-
-def result_summary(result: SimResult) -> dict[str, Any]:
-    return {"seed": result.seed, "series": result.series, "only": result.only,
-            "virtual_seconds": result.virtual_seconds, "polls": result.polls,
-            "server_peak_polls_over_qps": result.server_peak_over_qps,
-            "server_peak_requests_over_qps": result.server_peak_requests_over_qps,
-            "fault_counts": result.fault_counts,
-            "failing_series": len(result.failing), "passed": result.passed}
+def _trails(keys: list[str]) -> list[str]:
+    out = []
+    for key in keys:
+        kinds = list(OperationEvent.objects.filter(operation__submission_key=key)
+                     .order_by("seq").values_list("kind", flat=True))
+        folded: list[str] = []
+        for kind, run in itertools.groupby(kinds):
+            n = len(list(run))
+            folded.append(kind if n == 1 else f"{kind}x{n}")
+        out.append(f"events of {key}: {', '.join(folded[-TRAIL_EVENTS:])}")
+    return out
