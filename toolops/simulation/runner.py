@@ -291,12 +291,18 @@ class _Run:
                     return
             if now > last_start + SETTLE_LIMIT_S:
                 return
-            due = operations_next_due_at(server_ids=self.server_ids)
+            if claimed:
+                # Rows were polled at this instant: the next tick comes one step on whatever is
+                # due, so reading when the next row falls due would only cost a round trip.
+                next_row: float | None = now + MIN_STEP_S
+            else:
+                due = operations_next_due_at(server_ids=self.server_ids)
+                next_row = (due - self.clock.now()).total_seconds() + now if due is not None else None
             candidates = [c for c in (
                 starts[cursor].start_s if cursor < len(starts) else None,
                 actions[0][0] if actions else None,
                 next_answer,
-                (due - self.clock.now()).total_seconds() + now if due is not None else None,
+                next_row,
                 next_sweep if open_rows else None,
             ) if c is not None]
             target = min(candidates) if candidates else now + SWEEP_S
