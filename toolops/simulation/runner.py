@@ -57,6 +57,11 @@ SETTLE_LIMIT_S = 5400.0  # beyond the input deadline (1 h) and the UNKNOWN deadl
 # The clock moves at least this far per tick, so rows due within one window are claimed and
 # polled together (in parallel with --workers); a real dispatcher's tick is coarser still.
 MIN_STEP_S = 0.1
+# A sequential run (one poll thread) polls a tick's rows one after another at one virtual
+# instant, so each server's bucket serves about one of them per tick: the step must stay under
+# one token interval of a simulated server (1.1 / SERVER_QPS = 55 ms), or the load the plans
+# offer (about 15 requests/s per server) exceeds what a tick can serve and rows queue up.
+SEQUENTIAL_STEP_S = 0.05
 # An operator retries an undelivered answer this many times (once per sweep) before giving up.
 ANSWER_RETRIES = 30
 # Longer than any series runs (SETTLE_LIMIT_S): only the short-ttl fault sees an expiry.
@@ -127,6 +132,7 @@ class _Run:
         self.polls = 0
         self.servers: list[ToolServer] = []
         self.pool: PollPool | None = PollPool(workers=workers, fn=self.poll_one) if workers > 1 else None
+        self.step_s = MIN_STEP_S if self.pool is not None else SEQUENTIAL_STEP_S
         self.transports: dict[int, SimTransport] = {}
         self.polling = threading.local()  # set while this thread runs a dispatcher poll
         self.extra = ExtraFaults(self)  # epoch roll, forgotten task, the reconciling operator
@@ -294,7 +300,7 @@ class _Run:
             if claimed:
                 # Rows were polled at this instant: the next tick comes one step on whatever is
                 # due, so reading when the next row falls due would only cost a round trip.
-                next_row: float | None = now + MIN_STEP_S
+                next_row: float | None = now + self.step_s
             else:
                 due = operations_next_due_at(server_ids=self.server_ids)
                 next_row = (due - self.clock.now()).total_seconds() + now if due is not None else None
@@ -306,7 +312,7 @@ class _Run:
                 next_sweep if open_rows else None,
             ) if c is not None]
             target = min(candidates) if candidates else now + SWEEP_S
-            self.clock.set(max(target, now + MIN_STEP_S))
+            self.clock.set(max(target, now + self.step_s))
 
     def report_progress(self, *, settled: int) -> None:
         if self.on_progress is None or settled < self.next_progress:
