@@ -3,10 +3,13 @@
 `virtual_time` patches, for the run only, `django.utils.timezone.now` (every ledger timestamp,
 lease, deadline and poll schedule, auto_now fields included) and the `time` module as seen by the
 modules that read it for waiting or rate (the QPS bucket, the in-place token wait, the submit
-retry wait, the adapters' stream deadlines). A `sleep` advances the virtual clock instead of the
-wall: the run is single-threaded apart from the adapter's input-stream reader, so a sleep means
-"this caller waits", and nothing else can happen meanwhile. The jitter RNGs of scheduling and
-the QPS spread are replaced by seeded ones so a run is a function of its seed.
+retry wait, the adapters' stream deadlines). A `sleep` moves the virtual clock instead of
+waiting on the wall. In a sequential run it means "this caller waits, and nothing else happens
+meanwhile". With poll threads (`--workers`), each poll runs on its own time from the instant it
+started, so the waits of concurrent polls overlap instead of adding up (added up, they made
+virtual time run ahead of the work: 4.6 polls per series in the 10,000-series run against 5.9
+with overlapping waits). The jitter RNGs of scheduling and the QPS spread are replaced by seeded
+ones so a run's plans and verdicts are a function of its seed.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class VirtualClock:
     def __init__(self, *, start_s: float = 0.0) -> None:
         self._t = start_s
         self._lock = threading.Lock()
+        self._worker = threading.local()  # a poll thread's own time within its poll
 
     def now_s(self) -> float:
         with self._lock:
@@ -49,6 +53,27 @@ class VirtualClock:
         with self._lock:
             self._t += max(dt, 0.0)
 
+    def work_begins(self) -> None:
+        """A poll thread starts a poll: its own time starts at the clock's now."""
+        self._worker.t = self.now_s()
+
+    def work_ends(self) -> None:
+        self._worker.t = None
+
+    def sleep(self, seconds: float) -> None:
+        """The caller waits. A poll thread waits on its own time, so waits of concurrent threads
+        overlap as concurrent workers' do (two threads waiting 50 ms from one instant move the
+        clock 50 ms, not 100); any other caller is the only one working, and moves the clock."""
+        seconds = max(float(seconds), 0.0)
+        own = getattr(self._worker, "t", None)
+        with self._lock:
+            if own is None:
+                self._t += seconds
+                return
+            own += seconds
+            self._worker.t = own
+            self._t = max(self._t, own)
+
     def now(self) -> datetime:
         return EPOCH + timedelta(seconds=self.now_s())
 
@@ -59,7 +84,7 @@ def _fake_time(clock: VirtualClock) -> Any:
         monotonic=lambda: clock.now_s(),
         # A real sleep always overshoots a little; an exact one would wake the token bucket a
         # float rounding short of its next token (0.999... < 1) and be refused again.
-        sleep=lambda s: clock.advance(float(s) + SLEEP_OVERSHOOT_S),
+        sleep=lambda s: clock.sleep(float(s) + SLEEP_OVERSHOOT_S),
         perf_counter=_real_time.perf_counter,
     )
 

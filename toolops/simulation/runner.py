@@ -241,6 +241,8 @@ class _Run:
 
     def poll_one(self, op_id: uuid.UUID) -> None:
         self.polling.active = True  # SimServer.may_roll: this thread's requests are a poll's
+        if self.pool is not None:
+            self.clock.work_begins()
         try:
             operation_poll(operation_id=op_id, lease_owner="sim-dispatcher")
         except Exception as exc:  # a crash is a finding: record it on the series, go on
@@ -249,6 +251,8 @@ class _Run:
                 self.outcomes[index].errors.append(f"poll crashed: {type(exc).__name__}: {exc}")
         finally:
             self.polling.active = False
+            if self.pool is not None:
+                self.clock.work_ends()
 
     def dispatch(self) -> int:
         ids = sorted(operations_claim_due(owner="sim-dispatcher", server_ids=self.server_ids),
