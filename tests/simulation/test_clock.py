@@ -43,3 +43,19 @@ def test_a_poll_thread_behind_the_clock_never_moves_it_back() -> None:
     clock.sleep(1.0)  # this poll's own time: 0 + 1 s
     assert clock.now_s() == 5.0
     clock.work_ends()
+
+
+def test_a_wait_loop_on_a_lagging_poll_thread_ends() -> None:
+    # A poll thread that waits until the clock passes a deadline (as the QPS door does) must get
+    # there even when its own time started far behind the clock.
+    clock = VirtualClock(start_s=0.0)
+    clock.work_begins()
+    clock.set(3.0)
+    deadline = clock.now_s() + 0.2
+    spins = 0
+    while clock.now_s() < deadline:
+        clock.sleep(0.05)
+        spins += 1
+        assert spins < 1000
+    assert clock.now_s() >= deadline
+    clock.work_ends()

@@ -63,7 +63,9 @@ class VirtualClock:
     def sleep(self, seconds: float) -> None:
         """The caller waits. A poll thread waits on its own time, so waits of concurrent threads
         overlap as concurrent workers' do (two threads waiting 50 ms from one instant move the
-        clock 50 ms, not 100); any other caller is the only one working, and moves the clock."""
+        clock 50 ms, not 100); any other caller is the only one working, and moves the clock.
+        A poll thread whose own time is behind the clock (others waited meanwhile) catches up
+        first and then moves it, so a loop that waits until the clock passes a deadline ends."""
         seconds = max(float(seconds), 0.0)
         own = getattr(self._worker, "t", None)
         with self._lock:
