@@ -49,10 +49,6 @@ class VirtualClock:
         with self._lock:
             self._t = max(self._t, t)  # time never goes back
 
-    def advance(self, dt: float) -> None:
-        with self._lock:
-            self._t += max(dt, 0.0)
-
     def work_begins(self) -> None:
         """A poll thread starts a poll: its own time starts at the clock's now."""
         self._worker.t = self.now_s()

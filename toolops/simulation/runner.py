@@ -102,7 +102,6 @@ class _Run:
                  tag: str | None = None, servers: int | None = None,
                  on_progress: Callable[[SimProgress], None] | None = None) -> None:
         self.series, self.seed, self.only = series, seed, only
-        self.shard, self.shards = shard, shards
         self.on_progress = on_progress
         self.clock = VirtualClock()
         n_servers = servers_for(series=series, servers=servers)
