@@ -39,8 +39,12 @@ def _accept_locked(
     cancel_generation: int,
     terminal_status: str,
     result_digest: str,
+    locked: Operation | None = None,
 ) -> TerminalReceipt:
-    op = Operation.objects.select_for_update().filter(id=operation_id).first()
+    # `locked`: the caller's guarded UPDATE in this transaction already locked the row and read
+    # its fields back (RETURNING); the checks below run against those, not against the claim.
+    op = locked if locked is not None else (
+        Operation.objects.select_for_update().filter(id=operation_id).first())
     if op is None:
         raise OperationNotFound(str(operation_id))
     if op.shadow:
@@ -97,8 +101,10 @@ def _accept_locked(
     shadow_comparisons_complete_locked(legacy=op, receipt=receipt)
     # An ended operation's open input rounds can never be answered (however it ended: the
     # server's terminal state, a confirmed cancel, an operator's attested one). Same transaction
-    # as the receipt, so no gate ever offers an answer for an accepted row.
-    input_rounds_withdraw(operation_id=op.id)
+    # as the receipt, so no gate ever offers an answer for an accepted row. A row that never
+    # opened a round has none (a round is created with the `input_round` bump, in one transaction).
+    if op.input_round:
+        input_rounds_withdraw(operation_id=op.id)
     now = timezone.now()
     operation_finalize_locked(
         op=op, final_state=final_state, terminal_status=terminal_status, event_kind="accepted",
@@ -146,11 +152,15 @@ def operation_accept_terminal_within(
     cancel_generation: int,
     terminal_status: str,
     result_digest: str,
+    locked: Operation | None = None,
 ) -> TerminalReceipt:
     """The same acceptance, inside the caller's durable transaction (the poll cycle that fetched
     and stored the result): one commit for the terminal answer, the result, the receipt and the
     outbox row. A refusal rolls back to a savepoint, is recorded in the caller's transaction, and
     raises AcceptanceRefused; what the caller wrote before (the stored result) stays.
+
+    `locked` is the row as the caller's guarded UPDATE in this transaction left it (its fields
+    read back by that UPDATE, under its lock), which saves the select_for_update.
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("operation_accept_terminal_within needs the caller's transaction")
@@ -161,7 +171,7 @@ def operation_accept_terminal_within(
                 request_digest=request_digest, remote_id=remote_id,
                 descriptor_version=descriptor_version, execution_epoch=execution_epoch,
                 cancel_generation=cancel_generation, terminal_status=terminal_status,
-                result_digest=result_digest,
+                result_digest=result_digest, locked=locked,
             )
     except AcceptanceRefused as exc:
         logger.warning("acceptance refused for %s: %s", operation_id, exc.reason)

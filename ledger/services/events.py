@@ -8,7 +8,8 @@ the unique (operation, seq) constraint is the backstop if a caller ever forgets.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections, router, transaction
@@ -57,6 +58,59 @@ def event_append_locked(
     event._state.adding = False
     event._state.db = connection.alias
     return event
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """One event of a series written together (event_append_many_locked)."""
+
+    kind: str
+    from_state: str = ""
+    to_state: str = ""
+    data: Mapping[str, Any] | None = None
+
+
+def event_append_many_locked(
+    *, operation_id: uuid.UUID, events: Sequence[EventSpec], execution_epoch: int,
+    cancel_generation: int, server_state: str = "",
+) -> int:
+    """Append several events of one row, in order, in ONE statement; same lock rule as
+    event_append_locked (the caller holds the row lock in this transaction).
+
+    The rows come from a VALUES list numbered 1..n and take `max(seq) + k`, so their order in the
+    series is the order given. Returns how many were written.
+    """
+    if not events:
+        return 0
+    connection = connections[router.db_for_write(OperationEvent)]
+    meta = OperationEvent._meta
+    qn = connection.ops.quote_name
+    columns = [f for f in meta.concrete_fields if f.attname not in ("id", "seq")]
+    now = timezone.now()
+    rows, params = [], []
+    for k, spec in enumerate(events, start=1):
+        event = OperationEvent(
+            operation_id=operation_id, kind=spec.kind, from_state=spec.from_state,
+            to_state=spec.to_state, server_state=server_state, execution_epoch=execution_epoch,
+            cancel_generation=cancel_generation, data=dict(spec.data or {}), created_at=now,
+        )
+        params += [f.get_db_prep_save(getattr(event, f.attname), connection) for f in columns]
+        params.append(k)
+        rows.append(f"({', '.join(['%s'] * (len(columns) + 1))})")
+    table = qn(meta.db_table)
+    # VALUES columns are column1..columnN on PostgreSQL and SQLite alike; the last is the rank.
+    picked = ", ".join(f"v.column{i}" for i in range(1, len(columns) + 1))
+    sql = (
+        f"INSERT INTO {table} ({', '.join(qn(f.column) for f in columns)}, {qn('seq')}) "
+        f"SELECT {picked}, m.top + v.column{len(columns) + 1} "
+        f"FROM (VALUES {', '.join(rows)}) AS v CROSS JOIN "
+        f"(SELECT COALESCE(MAX({qn('seq')}), 0) AS top FROM {table} "
+        f"WHERE {qn('operation_id')} = %s) AS m"
+    )
+    params.append(meta.get_field("operation").get_db_prep_value(operation_id, connection))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.rowcount)
 
 
 def operation_record_event(

@@ -8,16 +8,18 @@ rows means someone else moved the row first and the caller's view is stale, so n
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, router, transaction
+from django.db.models import Field
 from django.utils import timezone
 
 from ledger.errors import IllegalTransition, OperationNotFound
 from ledger.models import Operation
-from ledger.services.events import event_append_locked
+from ledger.services.events import EventSpec, event_append_locked, event_append_many_locked
 from ledger.states import TRANSITIONS, State
 
 
@@ -151,3 +153,85 @@ def operation_update_guarded(
             data=event_data,
         )
     return True
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One move of a path (operation_transition_path); to the same state it is an event only."""
+
+    to_state: State
+    event_kind: str
+    event_data: Mapping[str, Any] | None = None
+
+
+def operation_transition_path(
+    *,
+    operation_id: uuid.UUID,
+    from_state: State | str,
+    hops: Sequence[Hop],
+    execution_epoch: int,
+    lease_owner: str,
+    updates: Mapping[str, Any],
+    returning: Sequence[str],
+) -> dict[str, Any]:
+    """Several moves of one row in ONE guarded `UPDATE ... RETURNING`, their events in ONE INSERT.
+
+    Each hop must be in the state table (a hop to the state it is in records an event without a
+    move); the UPDATE writes the last hop's state and `updates`, guarded like operation_transition
+    by the state read, the epoch and the lease. `returning` names plain columns read back from the
+    updated row under its new lock, so a caller that decides from them (acceptance checks every
+    identity field) needs no second read. Raises IllegalTransition, writing nothing, on a mismatch.
+    Runs in the caller's transaction (or its own).
+    """
+    src = State(from_state)
+    at = src
+    for hop in hops:
+        if hop.to_state != at and hop.to_state not in TRANSITIONS[at]:
+            raise IllegalTransition(f"{at} -> {hop.to_state} is not in the state table")
+        at = hop.to_state
+    fields: dict[str, Any] = dict(updates)
+    if "state" in fields or "execution_epoch" in fields:
+        raise ValueError("state and execution_epoch change only through their own services")
+    if any(hasattr(value, "resolve_expression") for value in fields.values()):
+        raise ValueError("a path write takes plain values: it is spelled as one SQL statement")
+    fields["state"] = at
+    fields["updated_at"] = timezone.now()
+    connection = connections[router.db_for_write(Operation)]
+    meta = Operation._meta
+    qn = connection.ops.quote_name
+
+    def column(name: str) -> Field[Any, Any]:
+        field = meta.get_field(name)
+        assert isinstance(field, Field)  # a concrete column of the row, never a relation's reverse
+        return field
+
+    assigned = [column(name) for name in fields]
+    read_back = [column(name) for name in ("cancel_generation", "server_state", *returning)]
+    guards = {"id": operation_id, "state": src, "execution_epoch": execution_epoch,
+              "lease_owner": lease_owner}
+    sql = (
+        f"UPDATE {qn(meta.db_table)} SET {', '.join(f'{qn(f.column)} = %s' for f in assigned)} "
+        f"WHERE {' AND '.join(f'{qn(column(n).column)} = %s' for n in guards)} "
+        f"RETURNING {', '.join(qn(f.column) for f in read_back)}"
+    )
+    params = [f.get_db_prep_save(fields[f.name], connection) for f in assigned]
+    params += [column(n).get_db_prep_value(v, connection) for n, v in guards.items()]
+    with _atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+        if row is None:
+            raise IllegalTransition(
+                f"{src} -> {at} refused for {operation_id}: {_describe_mismatch(operation_id)}"
+            )
+        values = {f.name: f.to_python(value) for f, value in zip(read_back, row, strict=True)}
+        events, hop_from = [], src
+        for hop in hops:
+            events.append(EventSpec(kind=hop.event_kind, from_state=hop_from, to_state=hop.to_state,
+                                    data=hop.event_data))
+            hop_from = hop.to_state
+        event_append_many_locked(
+            operation_id=operation_id, events=events, execution_epoch=execution_epoch,
+            cancel_generation=int(values["cancel_generation"]), server_state=str(values["server_state"]),
+        )
+    return values

@@ -62,6 +62,8 @@ def test_acceptance_withdraws_open_input_rounds_in_the_same_transaction() -> Non
     open_round = InputRequest.objects.create(
         operation=op, round=2, server_request_id="r2", method="elicitation/create",
         schema_digest="sha256:s", deadline=timezone.now())
+    # As the input service does: a round is opened with the row's `input_round` bump.
+    Operation.objects.filter(id=op.id).update(input_round=2)
     operation_accept_terminal(**_claim(op))
     open_round.refresh_from_db()
     answered.refresh_from_db()

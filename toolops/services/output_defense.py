@@ -25,7 +25,8 @@ __all__ = ["DefenseVerdict", "defense_policy", "operation_defend_result", "rejec
 
 
 def operation_defend_result(
-    *, op: Operation, lease_owner: str | None, stored: dict[str, Any], terminal_status: str
+    *, op: Operation, lease_owner: str | None, stored: dict[str, Any], terminal_status: str,
+    verdict: DefenseVerdict | None = None,
 ) -> tuple[dict[str, Any], str] | None:
     """Apply the pipeline and the policy to a fetched result before it is stored and accepted.
 
@@ -34,7 +35,8 @@ def operation_defend_result(
     rejection record and the terminal status becomes `failed`, so the receipt can never present a
     rejected result as a success.
     """
-    verdict = result_defend(op=op, stored=stored, terminal_status=terminal_status)
+    if verdict is None:  # else the caller ran the pipeline over this same result already
+        verdict = result_defend(op=op, stored=stored, terminal_status=terminal_status)
     if verdict.ok:
         return stored, terminal_status
     digest = canonical_digest(stored)

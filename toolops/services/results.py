@@ -13,6 +13,7 @@ whole, stored and digested first. A lost or truncated fetch leaves the row in FE
 
 from __future__ import annotations
 
+import copy
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -29,10 +30,16 @@ from ledger.services.acceptance import operation_accept_terminal_within
 from ledger.services.events import operation_record_event
 from ledger.services.schedule import RELEASE, schedule_now
 from ledger.services.shadow import operation_accept_shadow_terminal
-from ledger.services.transitions import operation_transition, operation_update_guarded
+from ledger.services.transitions import (
+    Hop,
+    operation_transition,
+    operation_transition_path,
+    operation_update_guarded,
+)
 from ledger.states import State, TerminalStatus
 from toolops.logging import operation_log_context_for
 from toolops.services.connections import RateLimited, server_call
+from toolops.services.output_checks import DefenseVerdict, result_defend
 from toolops.services.output_defense import operation_defend_result
 from toolops.services.reconcile import operation_to_reconciliation
 from toolops.services.resolution import operation_classify_missing
@@ -214,7 +221,8 @@ def _fetch(*, op: Operation, lease_owner: str, seen: _Seen | None) -> tuple[Fetc
     return None, "result_fetch_error"
 
 
-def _store_and_accept_locked(*, op: Operation, lease_owner: str, fetched: FetchedResult | None) -> str:
+def _store_and_accept_locked(*, op: Operation, lease_owner: str, fetched: FetchedResult | None,
+                             verdict: DefenseVerdict | None = None) -> str:
     """Inside the durable transaction: the stored and defended result, then acceptance."""
     if op.state != State.FETCHING_RESULT:
         return "not_fetchable"
@@ -229,7 +237,7 @@ def _store_and_accept_locked(*, op: Operation, lease_owner: str, fetched: Fetche
             return "result_rejected"
         # Tool output defense: a result that fails is never accepted as a success.
         defended = operation_defend_result(op=op, lease_owner=lease_owner, stored=stored,
-                                           terminal_status=op.terminal_status)
+                                           terminal_status=op.terminal_status, verdict=verdict)
         if defended is None:
             return "output_rejected"
         stored, status = defended
@@ -277,8 +285,82 @@ def operation_settle_terminal(
         if failed is not None:
             return failed
     with transaction.atomic(durable=True):
+        verdict = None
+        if seen is not None and not op.result_digest and not op.shadow:
+            settled, verdict = _settle_in_one_write(op=op, lease_owner=lease_owner, seen=seen,
+                                                    fetched=fetched)
+            if settled is not None:
+                return settled
         _record_seen_locked(op=op, lease_owner=lease_owner, seen=seen)
-        return _store_and_accept_locked(op=op, lease_owner=lease_owner, fetched=fetched)
+        return _store_and_accept_locked(op=op, lease_owner=lease_owner, fetched=fetched,
+                                        verdict=verdict)
+
+
+# Read back from the row by the one write of the common cycle, under the lock that write takes:
+# acceptance checks the claim against these, as it would against a select_for_update.
+_LOCKED_FIELDS = ("call_node_id", "request_digest", "remote_id", "descriptor_version",
+                  "execution_epoch", "tenant", "shadow", "input_round", "terminal_status",
+                  "result_digest", "result_kind")
+
+
+def _settle_in_one_write(*, op: Operation, lease_owner: str, seen: _Seen,
+                         fetched: FetchedResult | None) -> tuple[str | None, DefenseVerdict | None]:
+    """The common cycle (a terminal status just seen, its result fetched and clean): the status,
+    the result, FETCHING_RESULT and their three events in one guarded UPDATE and one INSERT, then
+    acceptance against the values that UPDATE read back. The same rows and events as the
+    step-by-step path, in five statements fewer. (None, verdict) hands anything else (a result
+    that does not fit the status, or that the defense rejects) to the step-by-step path, which
+    records why.
+    """
+    task = seen.task
+    try:
+        stored = _stored_result(status=task.status, fetched=fetched,
+                                status_message=task.status_message or "")
+    except ResultRejected:
+        return None, None
+    verdict = result_defend(op=op, stored=stored, terminal_status=task.status)
+    if not verdict.ok:
+        return None, verdict
+    digest = canonical_digest(stored)
+    updates: dict[str, Any] = {
+        "terminal_status": task.status, "server_state": task.status,
+        "server_status_message": task.status_message or "", "poll_interval_ms": task.poll_interval_ms,
+        "result": stored, "result_kind": stored["kind"], "result_digest": digest,
+        # Stays due under our lease until acceptance clears it, as on the step-by-step path.
+        **schedule_now(release=False),
+    }
+    if seen.remote_id is not None:
+        updates["remote_id"] = seen.remote_id
+    if seen.observation_seq is not None:
+        updates["observation_seq"] = seen.observation_seq
+    locked = operation_transition_path(
+        operation_id=op.id, from_state=seen.from_state, execution_epoch=op.execution_epoch,
+        lease_owner=lease_owner, updates=updates, returning=_LOCKED_FIELDS,
+        hops=[
+            Hop(to_state=State.TERMINAL_OBSERVED, event_kind="terminal_observed",
+                event_data={"status": task.status, "status_message": task.status_message,
+                            "observation_seq": seen.observation_seq}),
+            Hop(to_state=State.FETCHING_RESULT, event_kind="fetching_result"),
+            Hop(to_state=State.FETCHING_RESULT, event_kind="result_fetched",
+                event_data={"result_digest": digest, "kind": stored["kind"],
+                            "is_error": stored["is_error"]}),
+        ],
+    )
+    # The claim is what this worker loaded and computed; the locked row is what the UPDATE found.
+    claim = copy.copy(op)
+    if seen.remote_id is not None:
+        claim.remote_id = seen.remote_id
+    _apply(op, {**updates, **locked, "state": State.FETCHING_RESULT})
+    try:
+        receipt = operation_accept_terminal_within(
+            operation_id=op.id, terminal_status=task.status, result_digest=digest, locked=op,
+            call_node_id=claim.call_node_id, request_digest=claim.request_digest,
+            remote_id=claim.remote_id, descriptor_version=claim.descriptor_version,
+            execution_epoch=claim.execution_epoch, cancel_generation=claim.cancel_generation,
+        )
+    except AcceptanceRefused:
+        return "acceptance_refused", None
+    return f"accepted:{receipt.terminal_status}", None
 
 
 def operation_fetch_and_accept(*, operation_id: uuid.UUID, lease_owner: str,

@@ -1,0 +1,109 @@
+"""Benchmark (not a test): CPU per call, by phase, in this process, against a real MCP server.
+
+Submits `--calls` calls through the public API (`toolops.api.submit_call`, the same entry point
+the perf harness's submitters use), then polls them to their receipts with the embedded executor
+(`run_embedded`, one thread). Prints, per phase, the process CPU per call, the wall time and the
+PostgreSQL statements per call; with `--profile`, the top functions of each phase by cumulative
+time (cProfile), which is where a change to the submit or poll path is measured first.
+
+The server is any MCP 2025-11-25 task server; the perf harness's fast server is the usual one
+(`FAST_TASK_SECONDS=1 FAST_POLL_MS=500 python ../shared/perf/fastserver.py --port 8765`):
+
+    DATABASE_URL=postgres://root@127.0.0.1:5432/toolops_cpu TOOLOPS_SERVER_HOSTS=public,127.0.0.0/8 \
+        .venv/bin/python manage.py migrate -v0
+    DATABASE_URL=... TOOLOPS_SERVER_HOSTS=... .venv/bin/python benchmarks/call_cpu.py \
+        --url http://127.0.0.1:8765/mcp --calls 500 [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+import django
+
+django.setup()
+
+from django.db import connection  # noqa: E402
+
+from ledger.models import Operation, TerminalReceipt, ToolServer  # noqa: E402
+from toolops import api  # noqa: E402
+from toolops.runner import run_embedded  # noqa: E402
+from toolops.services.servers import server_add  # noqa: E402
+
+
+def _phase(name: str, calls: int, fn: Callable[[], object], *, profile: bool, top: int) -> None:
+    # CPU time, not wall: a wait on PostgreSQL or the server is not this process's cost.
+    prof = cProfile.Profile(time.process_time) if profile else None
+    statements = [0]
+
+    def count(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        statements[0] += 1
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        if prof is not None:
+            prof.enable()
+        fn()
+        if prof is not None:
+            prof.disable()
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    print(f"{name:>6}: {cpu / calls * 1000:6.2f} ms CPU/call, {wall / calls * 1000:6.2f} ms wall/call, "
+          f"{statements[0] / calls:5.1f} statements/call ({calls} calls)")
+    if prof is not None:
+        out = io.StringIO()
+        stats = pstats.Stats(prof, stream=out)
+        stats.sort_stats("cumulative").print_stats(top)
+        stats.sort_stats("tottime").print_stats(top // 2)
+        print(out.getvalue())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default="http://127.0.0.1:8765/mcp")
+    parser.add_argument("--tool", default="work")
+    parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--top", type=int, default=45)
+    args = parser.parse_args()
+
+    name = f"cpu-{uuid.uuid4().hex[:8]}"
+    if not ToolServer.objects.filter(url=args.url).exists():
+        server_add(name=name, url=args.url, max_qps=100000)
+    server = ToolServer.objects.get(url=args.url)
+    # Warm the process (imports, the session with the server, the adapter) outside the figures.
+    for i in range(5):
+        api.submit_call(server=server.name, tool=args.tool, call_node_id=f"{name}-warm-{i}",
+                        arguments={}, idempotency_key=f"{name}-warm-{i}")
+    run_embedded(until_idle=True, max_seconds=60)
+
+    def submit() -> None:
+        for i in range(args.calls):
+            api.submit_call(server=server.name, tool=args.tool, call_node_id=f"{name}-{i}",
+                            arguments={"i": i}, idempotency_key=f"{name}-{i}")
+
+    _phase("submit", args.calls, submit, profile=args.profile, top=args.top)
+    time.sleep(1.2)  # every task is past its run time: the poll phase is terminal polls
+    _phase("poll", args.calls, lambda: run_embedded(until_idle=True, max_seconds=600),
+           profile=args.profile, top=args.top)
+    done = TerminalReceipt.objects.filter(call_node_id__startswith=f"{name}-").exclude(
+        call_node_id__contains="-warm-").count()
+    open_rows = Operation.objects.filter(call_node_id__startswith=f"{name}-", receipt__isnull=True).count()
+    print(f"receipts: {done}/{args.calls}; rows without a receipt: {open_rows}")
+
+
+if __name__ == "__main__":
+    main()
