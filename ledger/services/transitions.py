@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections, router, transaction
-from django.db.models import Field
+from django.db.models import F, Field, Value
+from django.db.models.expressions import CombinedExpression
 from django.utils import timezone
 
 from ledger.errors import IllegalTransition, OperationNotFound
@@ -29,6 +30,78 @@ def _atomic() -> AbstractContextManager[Any]:
     if transaction.get_connection().in_atomic_block:
         return nullcontext()
     return transaction.atomic()
+
+
+_COMPARISONS = {"": "=", "lt": "<", "lte": "<=", "gt": ">", "gte": ">="}
+
+
+def _column(name: str) -> Field[Any, Any]:
+    field = Operation._meta.get_field(name)
+    assert isinstance(field, Field)  # a concrete column of the row, never a relation's reverse
+    return field
+
+
+def _increment(value: Any) -> int | None:
+    """`F(name) + n` on the same column, the one expression the direct spelling takes."""
+    if (isinstance(value, CombinedExpression) and value.connector == "+"
+            and isinstance(value.lhs, F) and isinstance(value.rhs, Value)
+            and isinstance(value.rhs.value, int)):
+        return value.rhs.value
+    return None
+
+
+def _direct(name: str, value: Any) -> bool:
+    if hasattr(value, "prepare_database_save"):
+        return False  # a model instance: the ORM resolves it
+    if hasattr(value, "resolve_expression"):
+        return _increment(value) is not None and value.lhs.name == name
+    return True
+
+
+def _guarded_update(*, guards: Mapping[str, Any], fields: Mapping[str, Any],
+                    returning: Sequence[str] = ()) -> tuple[int, tuple[Any, ...] | None]:
+    """The compare-and-set UPDATE of one row: (rows matched, the `returning` columns or None).
+
+    Spelled directly from the model's columns: plain values, `F(column) + n` on the column itself,
+    and guards that compare a column with a value. Compiling the same statement through the ORM
+    costs more CPU than its round trip, and every poll cycle writes through here. Anything else
+    (another expression, a model instance, a lookup across a relation) goes through the ORM, which
+    cannot read columns back.
+    """
+    meta = Operation._meta
+    direct = all(_direct(name, value) for name, value in fields.items()) and all(
+        name.partition("__")[2] in _COMPARISONS for name in guards)
+    if not direct:
+        if returning:
+            raise ValueError("reading columns back needs a direct UPDATE: plain values and guards")
+        return Operation.objects.filter(**guards).update(**fields), None
+    connection = connections[router.db_for_write(Operation)]
+    qn = connection.ops.quote_name
+    sets, params = [], []
+    for name, value in fields.items():
+        field = _column(name)
+        step = _increment(value)
+        if step is not None:
+            sets.append(f"{qn(field.column)} = {qn(field.column)} + %s")
+            params.append(step)
+        else:
+            sets.append(f"{qn(field.column)} = %s")
+            params.append(field.get_db_prep_save(value, connection))
+    where = []
+    for key, value in guards.items():
+        name, _, lookup = key.partition("__")
+        field = _column(name)
+        where.append(f"{qn(field.column)} {_COMPARISONS[lookup]} %s")
+        params.append(field.get_db_prep_value(value, connection))
+    sql = f"UPDATE {qn(meta.db_table)} SET {', '.join(sets)} WHERE {' AND '.join(where)}"
+    if returning:
+        sql += f" RETURNING {', '.join(qn(_column(n).column) for n in returning)}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        if returning:
+            row = cursor.fetchone()
+            return (0, None) if row is None else (1, tuple(row))
+        return int(cursor.rowcount), None
 
 
 def _event_context(
@@ -93,7 +166,7 @@ def operation_transition(
     if lease_owner is not None:
         filters["lease_owner"] = lease_owner
     with _atomic():
-        changed = Operation.objects.filter(**filters).update(**fields)
+        changed, _ = _guarded_update(guards=filters, fields=fields)
         if changed != 1:
             raise IllegalTransition(
                 f"{src} -> {dst} refused for {operation_id}: {_describe_mismatch(operation_id)}"
@@ -139,7 +212,7 @@ def operation_update_guarded(
         filters["lease_owner"] = lease_owner
     filters.update(extra_filters or {})
     with _atomic():
-        if Operation.objects.filter(**filters).update(**fields) != 1:
+        if _guarded_update(guards=filters, fields=fields)[0] != 1:
             return False
         generation, server_state = _event_context(operation_id=operation_id, fields=fields, known=known)
         event_append_locked(
@@ -192,39 +265,19 @@ def operation_transition_path(
     fields: dict[str, Any] = dict(updates)
     if "state" in fields or "execution_epoch" in fields:
         raise ValueError("state and execution_epoch change only through their own services")
-    if any(hasattr(value, "resolve_expression") for value in fields.values()):
-        raise ValueError("a path write takes plain values: it is spelled as one SQL statement")
     fields["state"] = at
     fields["updated_at"] = timezone.now()
-    connection = connections[router.db_for_write(Operation)]
-    meta = Operation._meta
-    qn = connection.ops.quote_name
-
-    def column(name: str) -> Field[Any, Any]:
-        field = meta.get_field(name)
-        assert isinstance(field, Field)  # a concrete column of the row, never a relation's reverse
-        return field
-
-    assigned = [column(name) for name in fields]
-    read_back = [column(name) for name in ("cancel_generation", "server_state", *returning)]
+    read_back = ("cancel_generation", "server_state", *returning)
     guards = {"id": operation_id, "state": src, "execution_epoch": execution_epoch,
               "lease_owner": lease_owner}
-    sql = (
-        f"UPDATE {qn(meta.db_table)} SET {', '.join(f'{qn(f.column)} = %s' for f in assigned)} "
-        f"WHERE {' AND '.join(f'{qn(column(n).column)} = %s' for n in guards)} "
-        f"RETURNING {', '.join(qn(f.column) for f in read_back)}"
-    )
-    params = [f.get_db_prep_save(fields[f.name], connection) for f in assigned]
-    params += [column(n).get_db_prep_value(v, connection) for n, v in guards.items()]
     with _atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
+        _, row = _guarded_update(guards=guards, fields=fields, returning=read_back)
         if row is None:
             raise IllegalTransition(
                 f"{src} -> {at} refused for {operation_id}: {_describe_mismatch(operation_id)}"
             )
-        values = {f.name: f.to_python(value) for f, value in zip(read_back, row, strict=True)}
+        values = {name: _column(name).to_python(value)
+                  for name, value in zip(read_back, row, strict=True)}
         events, hop_from = [], src
         for hop in hops:
             events.append(EventSpec(kind=hop.event_kind, from_state=hop_from, to_state=hop.to_state,
@@ -235,3 +288,25 @@ def operation_transition_path(
             cancel_generation=int(values["cancel_generation"]), server_state=str(values["server_state"]),
         )
     return values
+
+
+def operation_write_guarded(
+    *,
+    operation_id: uuid.UUID,
+    state: State | str,
+    execution_epoch: int,
+    lease_owner: str,
+    updates: Mapping[str, Any],
+    extra_filters: Mapping[str, Any] | None = None,
+) -> bool:
+    """The guarded UPDATE of operation_update_guarded without its event: for a write that changes
+    nothing an operator must see (a poll whose answer is the same as the last: its schedule and
+    counters). False, writing nothing, when the row no longer matches."""
+    fields: dict[str, Any] = dict(updates)
+    if "state" in fields or "execution_epoch" in fields:
+        raise ValueError("state and execution_epoch change only through their own services")
+    fields["updated_at"] = timezone.now()
+    guards: dict[str, Any] = {"id": operation_id, "state": State(state),
+                              "execution_epoch": execution_epoch, "lease_owner": lease_owner,
+                              **(extra_filters or {})}
+    return _guarded_update(guards=guards, fields=fields)[0] == 1

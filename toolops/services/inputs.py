@@ -28,6 +28,7 @@ from adapters.base import RemoteTask, ServerRequest
 from ledger.digests import canonical_digest
 from ledger.errors import IllegalTransition
 from ledger.models import InputRequest, Operation
+from ledger.selectors.rows import operation_load
 from ledger.services.events import event_append_locked, operation_record_event
 from ledger.services.schedule import schedule_at, schedule_cleared
 from ledger.services.transitions import operation_transition
@@ -302,7 +303,7 @@ def _record_answer(*, operation_id: uuid.UUID, input_round: int, schema_digest: 
 
 def _refuse_without_input_channel(*, operation_id: uuid.UUID) -> None:
     """A shape with no input channel (AIP-151) never opens a round: say so, not "no round 1"."""
-    op = Operation.objects.select_related("server").filter(id=operation_id).first()
+    op = operation_load(operation_id=operation_id)
     if op is not None and "no_input" in adapter_for_server(server=op.server).capabilities:
         raise InputAnswerRefused(
             f"operation {operation_id} runs on {op.server.adapter_version}, whose operations take "

@@ -20,8 +20,13 @@ from adapters import (
 from adapters.base import RemoteTask
 from ledger.errors import IllegalTransition
 from ledger.models import Operation
+from ledger.selectors.rows import operation_load
 from ledger.services.schedule import RELEASE, schedule_cleared, schedule_now
-from ledger.services.transitions import operation_transition, operation_update_guarded
+from ledger.services.transitions import (
+    operation_transition,
+    operation_update_guarded,
+    operation_write_guarded,
+)
 from ledger.states import State, TerminalStatus
 from toolops.logging import get_logger, operation_log_context_for
 from toolops.scheduling import poll_deadline_reason
@@ -67,7 +72,7 @@ def operation_poll(*, operation_id: uuid.UUID, lease_owner: str,
     (toolops.services.poll_batch), so a working answer keeps the lease instead of releasing it;
     the outcome is then `held:<next poll time, ISO 8601>` instead of `working`.
     """
-    op = Operation.objects.select_related("server").filter(id=operation_id).first()
+    op = operation_load(operation_id=operation_id)
     if op is None:
         return "missing"
     # Every log line of this poll (ours, the adapters', the services') carries the operation's
@@ -221,10 +226,10 @@ def _record_working(*, op: Operation, lease_owner: str, task: RemoteTask, fields
             known={"cancel_generation": op.cancel_generation},
         )
     else:
-        ok = Operation.objects.filter(
-            id=op.id, state=op.state, execution_epoch=op.execution_epoch, lease_owner=lease_owner,
-            **seq_guard,
-        ).update(**fields, **lease, updated_at=timezone.now()) == 1
+        ok = operation_write_guarded(
+            operation_id=op.id, state=op.state, execution_epoch=op.execution_epoch,
+            lease_owner=lease_owner, updates={**fields, **lease}, extra_filters=seq_guard,
+        )
     if not ok:
         return "stale_observation"
     if lease is not RELEASE:

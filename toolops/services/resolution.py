@@ -35,6 +35,7 @@ from adapters import (
 )
 from adapters.base import KEY_DEDUP_RESEND, KEY_LOOKUP, LIST_SCAN, RemoteTask, ResendRequest
 from ledger.models import Operation, OperationEvent
+from ledger.selectors.rows import operation_load
 from ledger.services.events import operation_record_event
 from ledger.services.schedule import RELEASE, schedule_at, schedule_cleared, schedule_now
 from ledger.services.transitions import operation_transition, operation_update_guarded
@@ -123,7 +124,7 @@ def _to_queue(*, op: Operation, lease_owner: str, reason: str, evidence: dict[st
 
 def operation_resolve_submission(*, operation_id: uuid.UUID, lease_owner: str) -> str:
     """One resolution pass for a leased SUBMISSION_UNKNOWN row. Never sends under a new key."""
-    op = Operation.objects.select_related("server").filter(id=operation_id).first()
+    op = operation_load(operation_id=operation_id)
     now = timezone.now()
     if op is None:
         return "missing"

@@ -26,6 +26,7 @@ from adapters.base import FetchedResult, RemoteTask
 from ledger.digests import canonical_digest
 from ledger.errors import AcceptanceRefused, IllegalTransition
 from ledger.models import Operation
+from ledger.selectors.rows import operation_load
 from ledger.services.acceptance import operation_accept_terminal_within
 from ledger.services.events import operation_record_event
 from ledger.services.schedule import RELEASE, schedule_now
@@ -367,7 +368,7 @@ def operation_fetch_and_accept(*, operation_id: uuid.UUID, lease_owner: str,
                                op: Operation | None = None) -> str:
     """Fetch (if not yet digested), store and accept a row that records its terminal status."""
     if op is None:
-        op = Operation.objects.select_related("server").filter(id=operation_id).first()
+        op = operation_load(operation_id=operation_id)
         if op is None:
             return "missing"
     with operation_log_context_for(op):

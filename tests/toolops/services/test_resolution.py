@@ -131,10 +131,14 @@ def test_dedup_resend_is_refused_after_the_session_changed(
 
 
 def test_a_lookup_refused_by_the_qps_cap_comes_back_at_the_buckets_pace(
-        coop_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        coop_url: str, monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
     """No token for the lookup: nothing was sent, so nothing is recorded as asked, and the row
     is due again when the bucket can serve it, not after the lookup backoff (under a saturated
     cap the backoff lost every draw to the polls and the row reached its deadline unasked)."""
+    # The submit's one token must reach the wire: on a loaded machine more than the default 50 ms
+    # can pass between its grant and its send, and an abandoned grant leaves no token for 5 s,
+    # so the submit would be refused before the lookup this test is about.
+    settings.TOOLOPS_QPS_SEND_DEADLINE_SECONDS = 5.0
     bucket = LocalTokenBucket()
     qps_bucket_replace(bucket)
     try:
@@ -143,7 +147,8 @@ def test_a_lookup_refused_by_the_qps_cap_comes_back_at_the_buckets_pace(
         key = server_bucket_key(server_id=server.pk)
         bucket.reset(key=key)  # full again after the session's initialisation
         op = submit_sleep(server, node="lost-coop-capped", seconds=0.3)
-        assert op.state == State.SUBMISSION_UNKNOWN
+        assert op.state == State.SUBMISSION_UNKNOWN, list(
+            OperationEvent.objects.filter(operation=op).values_list("kind", "data"))
         lookups = OperationEvent.objects.filter(operation=op, kind="submission_lookup")
         # The submit took the only token: the next one is about 5 s away.
         Operation.objects.filter(id=op.id).update(next_poll_at=timezone.now())

@@ -1,0 +1,74 @@
+"""The poll cycle's one read: an operation row with its server, by id.
+
+Every poll, fetch and resolution loads its row this way, once. The statement is the ORM's own
+`select_related("server")` read, built once per database connection with the fields' converters
+and replayed as SQL: compiling the same query on every call cost more CPU than its round trip.
+The instances are built with `Model.from_db`, exactly as the ORM builds them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connections, router
+
+from ledger.models import Operation, ToolServer
+
+Converter = Callable[[Any, Any, Any], Any]
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    sql: str
+    op_fields: list[str]
+    server_fields: list[str]
+    converters: list[tuple[int, list[Converter], Any]]
+
+
+_compiled: dict[tuple[str, str], _Compiled] = {}
+
+
+def _compile(alias: str) -> _Compiled:
+    connection = connections[alias]
+    key = (alias, connection.vendor)
+    found = _compiled.get(key)
+    if found is not None:
+        return found
+    query = Operation.objects.using(alias).select_related("server").filter(id=uuid.UUID(int=0))
+    compiler = query.query.get_compiler(using=alias)
+    sql, _params = compiler.as_sql()
+    select = compiler.select
+    columns = [col for col, _, _ in select]
+    op_fields = [f.attname for f in Operation._meta.concrete_fields]
+    server_fields = [f.attname for f in ToolServer._meta.concrete_fields]
+    if len(columns) != len(op_fields) + len(server_fields):
+        raise RuntimeError("the operation read does not have the columns its models declare")
+    converters = [(i, convs, expr) for i, (convs, expr) in compiler.get_converters(columns).items()]
+    found = _Compiled(sql=sql, op_fields=op_fields, server_fields=server_fields, converters=converters)
+    _compiled[key] = found
+    return found
+
+
+def operation_load(*, operation_id: uuid.UUID) -> Operation | None:
+    """The row and its server (as `select_related("server")` loads them), or None."""
+    alias = router.db_for_read(Operation)
+    compiled = _compile(alias)
+    connection = connections[alias]
+    id_value = Operation._meta.pk.get_db_prep_value(operation_id, connection)  # type: ignore[union-attr]
+    with connection.cursor() as cursor:
+        cursor.execute(compiled.sql, [id_value])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = list(row)
+    for i, convs, expression in compiled.converters:
+        for convert in convs:
+            values[i] = convert(values[i], expression, connection)
+    n = len(compiled.op_fields)
+    op = Operation.from_db(alias, compiled.op_fields, values[:n])
+    server = ToolServer.from_db(alias, compiled.server_fields, values[n:])
+    op._state.fields_cache["server"] = server
+    return op
