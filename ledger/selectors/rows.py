@@ -1,9 +1,10 @@
-"""The poll cycle's one read: an operation row with its server, by id.
+"""The hot path's reads by key: an operation row with its server by id (every poll, fetch and
+resolution loads its row this way, once), and a server by name (every submit).
 
-Every poll, fetch and resolution loads its row this way, once. The statement is the ORM's own
-`select_related("server")` read, built once per database connection with the fields' converters
-and replayed as SQL: compiling the same query on every call cost more CPU than its round trip.
-The instances are built with `Model.from_db`, exactly as the ORM builds them.
+Each statement is the ORM's own read (`select_related("server")`, `filter(name=...)`), built once
+per database connection with the fields' converters and replayed as SQL: compiling the same query
+on every call cost more CPU than its round trip. The instances are built with `Model.from_db`,
+exactly as the ORM builds them.
 """
 
 from __future__ import annotations
@@ -28,14 +29,18 @@ class _Compiled:
     converters: list[tuple[int, list[Converter], Any]]
 
 
-_compiled: dict[tuple[str, str], _Compiled] = {}
+_compiled: dict[tuple[str, str, str], _Compiled] = {}
 
 
-def _compile(alias: str) -> _Compiled:
+def _compile(alias: str, *, by: str = "operation") -> _Compiled:
     connection = connections[alias]
-    key = (alias, connection.vendor)
+    key = (alias, connection.vendor, by)
     found = _compiled.get(key)
     if found is not None:
+        return found
+    if by == "server":
+        found = _compile_server(alias)
+        _compiled[key] = found
         return found
     query = Operation.objects.using(alias).select_related("server").filter(id=uuid.UUID(int=0))
     compiler = query.query.get_compiler(using=alias)
@@ -52,14 +57,21 @@ def _compile(alias: str) -> _Compiled:
     return found
 
 
-def operation_load(*, operation_id: uuid.UUID) -> Operation | None:
-    """The row and its server (as `select_related("server")` loads them), or None."""
-    alias = router.db_for_read(Operation)
-    compiled = _compile(alias)
+def _compile_server(alias: str) -> _Compiled:
+    compiler = ToolServer.objects.using(alias).filter(name="").query.get_compiler(using=alias)
+    sql, _params = compiler.as_sql()
+    columns = [col for col, _, _ in compiler.select]
+    server_fields = [f.attname for f in ToolServer._meta.concrete_fields]
+    if len(columns) != len(server_fields):
+        raise RuntimeError("the server read does not have the columns its model declares")
+    converters = [(i, convs, expr) for i, (convs, expr) in compiler.get_converters(columns).items()]
+    return _Compiled(sql=sql, op_fields=[], server_fields=server_fields, converters=converters)
+
+
+def _fetch_one(alias: str, compiled: _Compiled, params: list[Any]) -> list[Any] | None:
     connection = connections[alias]
-    id_value = Operation._meta.pk.get_db_prep_value(operation_id, connection)  # type: ignore[union-attr]
     with connection.cursor() as cursor:
-        cursor.execute(compiled.sql, [id_value])
+        cursor.execute(compiled.sql, params)
         row = cursor.fetchone()
     if row is None:
         return None
@@ -67,6 +79,27 @@ def operation_load(*, operation_id: uuid.UUID) -> Operation | None:
     for i, convs, expression in compiled.converters:
         for convert in convs:
             values[i] = convert(values[i], expression, connection)
+    return values
+
+
+def server_load(*, name: str) -> ToolServer | None:
+    """The server named `name` (as `ToolServer.objects.filter(name=name)` loads it), or None."""
+    alias = router.db_for_read(ToolServer)
+    values = _fetch_one(alias, _compile(alias, by="server"), [name])
+    if values is None:
+        return None
+    return ToolServer.from_db(alias, _compile(alias, by="server").server_fields, values)
+
+
+def operation_load(*, operation_id: uuid.UUID) -> Operation | None:
+    """The row and its server (as `select_related("server")` loads them), or None."""
+    alias = router.db_for_read(Operation)
+    compiled = _compile(alias)
+    connection = connections[alias]
+    id_value = Operation._meta.pk.get_db_prep_value(operation_id, connection)  # type: ignore[union-attr]
+    values = _fetch_one(alias, compiled, [id_value])
+    if values is None:
+        return None
     n = len(compiled.op_fields)
     op = Operation.from_db(alias, compiled.op_fields, values[:n])
     server = ToolServer.from_db(alias, compiled.server_fields, values[n:])

@@ -21,6 +21,7 @@ from django.utils import timezone
 from ledger.errors import AcceptanceRefused, OperationNotFound
 from ledger.models import InputRequest, Operation, OperationEvent, OutboxEvent, TerminalReceipt
 from ledger.services.events import operation_record_event
+from ledger.services.inserts import row_insert
 from ledger.services.shadow import shadow_comparisons_complete_locked
 from ledger.services.terminal import claim_check, final_state_for, operation_finalize_locked
 from ledger.states import TerminalStatus
@@ -64,7 +65,7 @@ def _accept_locked(
 
     cancelled = terminal_status == TerminalStatus.CANCELLED
     try:
-        receipt = TerminalReceipt.objects.create(
+        receipt = row_insert(TerminalReceipt(
             operation=op,
             tenant=op.tenant,
             call_node_id=op.call_node_id,
@@ -78,8 +79,8 @@ def _accept_locked(
             # A cancelled call has no success payload; anything fetched joins the audit record.
             payload=None if cancelled else op.result,
             audit={"result_kind": op.result_kind, "late_result": op.result} if cancelled else {},
-        )
-        OutboxEvent.objects.create(
+        ))
+        row_insert(OutboxEvent(
             receipt=receipt,
             payload={
                 "receipt_id": receipt.pk,
@@ -90,7 +91,7 @@ def _accept_locked(
                 "result_digest": op.result_digest,
                 "payload": receipt.payload,
             },
-        )
+        ))
     except IntegrityError as exc:
         raise AcceptanceRefused(
             f"a receipt already exists for call node {op.call_node_id} epoch {op.execution_epoch}",

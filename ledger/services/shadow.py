@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from ledger.digests import canonical_digest
@@ -51,6 +51,16 @@ def _verdict(comparison: ShadowComparison, legacy: Operation, receipt: TerminalR
 def shadow_comparisons_complete_locked(*, legacy: Operation, receipt: TerminalReceipt) -> int:
     """Inside the legacy acceptance transaction: settle comparisons waiting for this receipt."""
     done = 0
+    # Nearly every acceptance has no shadow: one plain statement finds that out before the ORM
+    # builds the locking read.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM {ShadowComparison._meta.db_table} "  # table name, no user input
+            "WHERE legacy_operation_id = %s AND verdict = %s LIMIT 1",
+            [ShadowComparison._meta.get_field("legacy_operation").get_db_prep_value(legacy.id, connection),
+             ShadowComparison.Verdict.PENDING.value])
+        if cursor.fetchone() is None:
+            return 0
     for comparison in ShadowComparison.objects.select_for_update().filter(
         legacy_operation_id=legacy.id, verdict=ShadowComparison.Verdict.PENDING
     ):

@@ -42,21 +42,30 @@ def _state_row(version: str) -> None:
     AdapterState.objects.get_or_create(adapter_version=version)
 
 
+def _status_shared(version: str) -> tuple[str] | None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT status FROM {AdapterState._meta.db_table} "  # table name, no user input
+            "WHERE adapter_version = %s FOR SHARE",
+            [version],
+        )
+        row = cursor.fetchone()
+    return None if row is None else (str(row[0]),)
+
+
 def adapter_assert_accepting(*, version: str) -> None:
     """Refuse a new submission unless `version` is enabled. Call inside the transaction
     that inserts the operation (it takes the SHARE lock described in the module docstring)."""
     _known(version)
-    _state_row(version)
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT status FROM {AdapterState._meta.db_table} "  # table name, no user input
-                "WHERE adapter_version = %s FOR SHARE",
-                [version],
-            )
-            row = cursor.fetchone()
+        row = _status_shared(version)
+        if row is None:  # the version's first submission: create the row, then lock it
+            _state_row(version)
+            row = _status_shared(version)
+        assert row is not None
         status = row[0]
     else:  # SQLite (embedded) serialises writers itself
+        _state_row(version)
         status = AdapterState.objects.get(adapter_version=version).status
     if status != AdapterState.Status.ENABLED:
         raise SubmitRefused(

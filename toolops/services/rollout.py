@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -43,6 +43,31 @@ def rollout_config_for(*, server: ToolServer, tool_name: str) -> RolloutConfig |
     return rows.get(tool_name) or rows.get("")
 
 
+def rollout_config_locked(*, server: ToolServer, tool_name: str) -> RolloutConfig | None:
+    """rollout_config_for under a SHARE lock on the rows read, for the submit's insert transaction.
+
+    The submit decides its path from these rows and holds them until its row is committed: a
+    rollback (FOR UPDATE on the same rows) either committed before this read, and the route sees
+    it, or waits for the submit and then sweeps its row. Submits do not block each other (SHARE
+    against SHARE). SQLite (embedded) serialises writers itself.
+    """
+    if connection.vendor != "postgresql":
+        return rollout_config_for(server=server, tool_name=tool_name)
+    fields = [f for f in RolloutConfig._meta.concrete_fields]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            # Table and column names from the model, no user input.
+            f"SELECT {', '.join(connection.ops.quote_name(f.column) for f in fields)} "
+            f"FROM {RolloutConfig._meta.db_table} WHERE server_id = %s AND tool_name IN (%s, '') "
+            "ORDER BY tool_name FOR SHARE",
+            [server.pk, tool_name],
+        )
+        rows = cursor.fetchall()
+    by_tool = {r.tool_name: r for r in (
+        RolloutConfig.from_db(connection.alias, [f.attname for f in fields], row) for row in rows)}
+    return by_tool.get(tool_name) or by_tool.get("")
+
+
 def tool_is_read_only(*, server: ToolServer, tool_name: str, config: RolloutConfig | None) -> bool:
     """MCP `annotations.readOnlyHint` as published, or an explicit operator setting."""
     if config is not None and config.declared_read_only:
@@ -60,10 +85,10 @@ class Route:
 
 def rollout_route(
     *, server: ToolServer, tool_name: str, tool: dict[str, Any], call_node_id: str, mode: str,
-    offers_tasks: bool,
+    offers_tasks: bool, config: RolloutConfig | None,
 ) -> Route:
-    """Which executor path a new call takes. Without a RolloutConfig: the mode's own path."""
-    config = rollout_config_for(server=server, tool_name=tool_name)
+    """Which executor path a new call takes, from the tool's `config` (rollout_config_locked).
+    Without a RolloutConfig: the mode's own path."""
     if config is None:
         return Route(path=LEGACY if mode == "sync" else TASKS, mode=mode, shadow=False)
     long_call = offers_tasks and tool["task_support"] in ("optional", "required")

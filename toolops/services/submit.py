@@ -32,7 +32,9 @@ from adapters.base import FetchedResult, RemoteTask, SubmitOutcome, TaskAdapter
 from ledger.digests import request_digest
 from ledger.errors import IllegalTransition
 from ledger.models import Operation, ToolServer
+from ledger.selectors.rows import server_load
 from ledger.services.events import event_append_locked
+from ledger.services.inserts import row_insert
 from ledger.services.schedule import RELEASE, schedule_at, schedule_leased, schedule_now
 from ledger.services.transitions import operation_transition
 from ledger.states import State, TerminalStatus
@@ -49,6 +51,7 @@ from toolops.services.results import operation_complete_sync, operation_settle_t
 from toolops.services.rollout import (
     rollout_assert_path_open_locked,
     rollout_config_for,
+    rollout_config_locked,
     rollout_route,
     tool_is_read_only,
 )
@@ -82,7 +85,7 @@ def _insert_attempt(**fields: Any) -> Operation:
     a new attempt is possible only once every earlier one is NOT_FOUND_SAFE."""
     try:
         with transaction.atomic():
-            return Operation.objects.create(**fields)
+            return row_insert(Operation(**fields))
     except IntegrityError as exc:
         if "op_one_live_attempt_per_node" not in str(exc) and "call_node_id" not in str(exc):
             raise
@@ -96,9 +99,12 @@ def _create_row(
     *, server: ToolServer, tool_name: str, tool: dict[str, Any], call_node_id: str,
     arguments: dict[str, Any], ttl_ms: int | None, mode: str, lease_owner: str,
     tenant: str, submission_key: str | None, submission_digest: str,
-    path: str, shadow_of: Operation | None = None,
+    path: str, shadow_of: Operation | None = None, path_locked: bool = False,
 ) -> Operation:
-    """Insert the row in SUBMITTING, in the caller's transaction (the first of submit's two)."""
+    """Insert the row in SUBMITTING, in the caller's transaction (the first of submit's two).
+
+    `path_locked`: the caller chose `path` from rollout rows it read under their lock in this
+    transaction (rollout_config_locked), so no re-check is needed."""
     now = timezone.now()
     descriptor_version = tool["descriptor_digest"]
     lease = timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS))
@@ -108,7 +114,7 @@ def _create_row(
             arguments=arguments, ttl_ms=ttl_ms, mode=mode, lease_owner=lease_owner,
             tenant=tenant, submission_key=submission_key or secrets.token_hex(16),
             submission_digest=submission_digest, descriptor_version=descriptor_version,
-            path=path, shadow_of=shadow_of,
+            path=path, shadow_of=shadow_of, path_locked=path_locked,
         )
     except IntegrityError as exc:
         if submission_key is None:
@@ -121,13 +127,14 @@ def _insert_row(
     *, now: datetime, lease: timedelta, server: ToolServer, tool_name: str, call_node_id: str,
     arguments: dict[str, Any], ttl_ms: int | None, mode: str, lease_owner: str, tenant: str,
     submission_key: str, submission_digest: str, descriptor_version: str,
-    path: str, shadow_of: Operation | None,
+    path: str, shadow_of: Operation | None, path_locked: bool,
 ) -> Operation:
     # Draining/disabled adapters take no new rows; the lock orders this against a
     # concurrent disable (toolops/services/adapters_admin.py).
     adapter_assert_accepting(version=server.adapter_version)
-    # A rollback that committed after the path was chosen wins (toolops/services/rollout.py).
-    rollout_assert_path_open_locked(server=server, tool_name=tool_name, path=path)
+    if not path_locked:
+        # A rollback that committed after the path was chosen wins (toolops/services/rollout.py).
+        rollout_assert_path_open_locked(server=server, tool_name=tool_name, path=path)
     op = _insert_attempt(
         executor_path=path,
         shadow=shadow_of is not None,
@@ -239,13 +246,16 @@ def operation_submit(
         args = dict(arguments or {})
         mode, tool = _choose_mode(server=server, tool_name=tool_name)
         # The canary and the rollback switch pick the executor path.
+        # Read under the lock the insert needs: the path is chosen from rows no rollback can
+        # change before this transaction commits.
+        config = rollout_config_locked(server=server, tool_name=tool_name)
         route = rollout_route(server=server, tool_name=tool_name, tool=tool, call_node_id=call_node_id,
-                              mode=mode, offers_tasks=server_offers_tasks(server=server))
+                              mode=mode, offers_tasks=server_offers_tasks(server=server), config=config)
         op = _create_row(
             server=server, tool_name=tool_name, tool=tool, call_node_id=call_node_id, arguments=args,
             ttl_ms=_ttl_for(ttl_ms=ttl_ms, mode=route.mode), mode=route.mode, lease_owner=owner,
             path=route.path, tenant=tenant, submission_key=submission_key,
-            submission_digest=submission_digest,
+            submission_digest=submission_digest, path_locked=True,
         )
     # The send, then the second commit: the reply.
     op = _send_and_record(op=op, server=server, owner=owner)
@@ -267,10 +277,9 @@ def _ledger_write(what: str) -> Iterator[None]:
 
 
 def _server_for(*, server_name: str, tenant: str) -> ToolServer:
-    try:
-        server = ToolServer.objects.get(name=server_name)
-    except ToolServer.DoesNotExist as exc:
-        raise ServerNotFound(f"no tool server named {server_name!r}") from exc
+    server = server_load(name=server_name)
+    if server is None:
+        raise ServerNotFound(f"no tool server named {server_name!r}")
     if tenant and server.tenant not in ("", tenant):
         # Same message as a missing server: another tenant's server names are not disclosed.
         raise ServerNotFound(f"no tool server named {server_name!r}")

@@ -1,0 +1,51 @@
+"""The hot path's cached reads give exactly what the ORM gives, field for field."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from ledger.models import Operation, ToolServer
+from ledger.selectors.rows import operation_load, server_load
+from tests.ledger.factories import OperationFactory, ToolServerFactory
+
+
+def _same(a: object, b: object, model: type) -> None:
+    for field in model._meta.concrete_fields:  # type: ignore[attr-defined]
+        x, y = getattr(a, field.attname), getattr(b, field.attname)
+        assert (x, type(x)) == (y, type(y)), field.name
+
+
+@pytest.mark.django_db
+def test_an_operation_loads_as_the_orm_loads_it_with_its_server() -> None:
+    server = ToolServerFactory(credentials={"headers": {"Authorization": "Bearer x"}}, max_qps=2.5)
+    op = OperationFactory(
+        server=server, result={"kind": "result", "payload": {"n": [1, 2.5, None]}},
+        lease_owner="w1", lease_expires_at=timezone.now() + timedelta(seconds=5), shadow=False,
+        server_progress={"done": 3}, terminal_status="",
+    )
+    loaded = operation_load(operation_id=op.id)
+    orm = Operation.objects.select_related("server").get(id=op.id)
+    assert loaded is not None
+    _same(loaded, orm, Operation)
+    _same(loaded.server, orm.server, ToolServer)
+    assert loaded._state.adding is False and loaded._state.db == "default"
+
+
+@pytest.mark.django_db
+def test_a_missing_row_or_server_is_none() -> None:
+    import uuid
+
+    assert operation_load(operation_id=uuid.uuid4()) is None
+    assert server_load(name="nobody") is None
+
+
+@pytest.mark.django_db
+def test_a_server_loads_by_name_as_the_orm_loads_it() -> None:
+    server = ToolServerFactory(name="by-name", sync_bounds={"ping": 2.0})
+    loaded = server_load(name="by-name")
+    assert loaded is not None
+    _same(loaded, ToolServer.objects.get(name="by-name"), ToolServer)
+    assert loaded.pk == server.pk
