@@ -72,6 +72,11 @@ INPUT_METHODS = frozenset({"elicitation/create", "sampling/createMessage"})
 INPUT_GRACE_S = 0.3
 # After cancelling a held stream, read on this long for what the server sent before the cancel.
 RELEASE_DRAIN_S = 1.0
+# How long a stream's release waits for its cancel to be let out (QPS gate, 429/503): an unsent
+# cancel can cost a whole input round (see `_send_release`), a few seconds of one thread cannot.
+RELEASE_CANCEL_WAIT_S = 10.0
+# The pause between two tries when the refusal named no time: one token interval at 20 QPS.
+RELEASE_CANCEL_MIN_WAIT_S = 0.05
 MAX_PAGES = 100  # tools/list and tasks/list: a server looping on cursors must not hang us
 CLIENT_INFO = {"name": "toolops", "version": "1"}
 # The gate answers form elicitations and sampling requests; URL elicitation is not offered.
@@ -460,12 +465,7 @@ class McpTasks2025Adapter(SubmissionKeyResolution):
             return
         cancelled = {"jsonrpc": "2.0", "method": "notifications/cancelled",
                      "params": {"requestId": stream.request_id, "reason": "input read window over"}}
-        try:
-            self._rpc.post_message(message=cancelled, what="notifications/cancelled")
-        except AdapterError:
-            # Not sent (rate limited, connection refused): the server keeps the handler; a later
-            # read opens another stream. Nothing read is lost: we still drain below.
-            pass
+        self._send_release(cancelled)
         drain_until = time.monotonic() + RELEASE_DRAIN_S
         while (remaining := drain_until - time.monotonic()) > 0:
             item = stream.next_item(timeout_s=remaining)
@@ -473,6 +473,27 @@ class McpTasks2025Adapter(SubmissionKeyResolution):
                 break
             self._route_stream_message(item, remote_id=remote_id, collected=collected)
         stream.close()
+
+    def _send_release(self, cancelled: Message) -> None:
+        """Send the stream's cancel, waiting out refusals that provably sent nothing (the QPS
+        gate, a 429 or 503) up to RELEASE_CANCEL_WAIT_S. Both official SDKs keep serving a
+        `tasks/result` whose request was never cancelled and hand it the task's next request,
+        once, into a stream nobody reads any more: that round would never open anywhere."""
+        give_up = time.monotonic() + RELEASE_CANCEL_WAIT_S
+        while True:
+            try:
+                self._rpc.post_message(message=cancelled, what="notifications/cancelled")
+                return
+            except TransientError as exc:
+                wait = min(max(exc.retry_after or 0.0, RELEASE_CANCEL_MIN_WAIT_S),
+                           give_up - time.monotonic())
+                if wait <= 0:
+                    return
+                time.sleep(wait)
+            except AdapterError:
+                # Refused or unreachable: nothing more to do here; nothing read is lost, the
+                # drain below still reads what the stream holds.
+                return
 
     @staticmethod
     def _is_input_for(request: ServerRequest, remote_id: str) -> bool:

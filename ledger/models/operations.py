@@ -34,7 +34,7 @@ class Operation(models.Model):
     adapter_version = models.CharField(max_length=64)
     # "task" (MCP task / LRO) or "sync" (the tool's published synchronous bound).
     execution_mode = models.CharField(max_length=8, default="task")
-    submission_key = models.CharField(max_length=64, unique=True)
+    submission_key = models.CharField(max_length=64)  # op_submission_key_unique
     # Organisation slug (ledger/models/tenancy.py); blank for embedded/CLI use without tenancy.
     tenant = models.CharField(max_length=100, blank=True, default="")  # op_tenant_idx
     # Digest of the submission as the caller sent it (Idempotency-Key replays compare it).
@@ -114,6 +114,9 @@ class Operation(models.Model):
                          condition=Q(shadow_of__isnull=False)),
         ]
         constraints = [
+            # A constraint rather than unique=True, which on PostgreSQL adds a varchar_pattern_ops
+            # twin that no query uses and every claim would write (see the indexes above).
+            models.UniqueConstraint(fields=["submission_key"], name="op_submission_key_unique"),
             models.CheckConstraint(condition=Q(execution_epoch__gte=1), name="op_epoch_positive"),
             # At most one live attempt per call node, whatever its epoch. Only NOT_FOUND_SAFE
             # (proof that nothing was created) frees the call node for a new attempt; an

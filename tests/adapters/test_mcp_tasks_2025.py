@@ -22,6 +22,7 @@ from adapters import (
     SessionLostError,
     TaskAdapter,
     TaskNotSupportedError,
+    TransientError,
     adapter_for,
 )
 from adapters.mcp_tasks_2025 import _INPUT_STREAMS, close_input_streams
@@ -279,3 +280,39 @@ def test_list_tasks_shows_this_sessions_tasks(adapter: McpTasks2025Adapter) -> N
     listed = {t.remote_id: t for t in adapter.list_tasks()}
     assert task.remote_id in listed
     assert listed[task.remote_id].created_at == task.created_at
+
+
+def test_a_refused_stream_cancel_is_sent_once_let_out_so_the_next_round_is_not_swallowed(
+        adapter: McpTasks2025Adapter) -> None:
+    """The QPS gate refuses the release's `notifications/cancelled` (nothing sent): the release
+    waits and sends it. Unsent, the official SDK server kept the `tasks/result` handler and
+    delivered round 2, once, into the stream the reader had closed; no later read ever saw it."""
+    task = submit(adapter, "ask_input", question="size?", rounds=2)
+    assert wait_for(adapter, task.remote_id, {"input_required"}).status == "input_required"
+    refused: list[str] = []
+
+    def gate(what: str) -> None:
+        if what == "notifications/cancelled" and not refused:
+            refused.append(what)
+            raise TransientError("QPS cap reached; nothing sent", retry_after=0.2)
+
+    answers = iter(["s", "m"])
+    seen: list[str] = []
+    result = None
+    for _ in range(4):
+        w = worker(adapter)
+        w.set_request_gate(gate)
+        try:
+            window = w.read_input(remote_id=task.remote_id, wait_s=5.0)
+            for request in window.requests:
+                seen.append(request.params["message"])
+                w.answer_input(request_id=request.request_id, remote_id=task.remote_id,
+                               result={"action": "accept", "content": {"value": next(answers)}})
+            result = window.result
+        finally:
+            w.close()
+        if result is not None:
+            break
+    assert refused == ["notifications/cancelled"]  # the first release met the refusal
+    assert seen == ["size? (1/2)", "size? (2/2)"]
+    assert result is not None and result.payload["content"][0]["text"] == "answers: s,m"

@@ -35,6 +35,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 BUDGET = {"submit": 2, "working_poll": 2, "terminal_poll": 2}
 CALL_BUDGET = 6
 CLAIM_BUDGET = 1
+# Statements per step (savepoints included): the row, its key and rollout checks and the reply
+# at submit; the row's read and one guarded UPDATE for a working poll; the row's read, one
+# UPDATE ... RETURNING with its events, the receipt, the outbox row, the shadow check and the
+# final state with its event for the terminal poll.
+STATEMENT_BUDGET = {"submit": 9, "working_poll": 2, "terminal_poll": 10}
 
 
 @dataclass
@@ -116,4 +121,5 @@ def test_commits_per_step_of_a_completed_call(server: ToolServer) -> None:
     print("commits, statements per step:", report)
     for name, tally in steps.items():
         assert tally.commits <= BUDGET[name], (name, tally.commits, tally.sql)
+        assert tally.statements <= STATEMENT_BUDGET[name], (name, tally.statements, tally.sql)
     assert sum(t.commits for t in steps.values()) <= CALL_BUDGET

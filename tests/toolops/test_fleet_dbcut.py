@@ -114,6 +114,7 @@ def test_database_cut_at_submit_reply_result_store_and_acceptance(
         # different row's write rather than on the retry of the one just cut.
         "submit_reply": proxy.cut_on(b'UPDATE "ledger_operation" SET "remote_id" = ', [2.0, 6.0],
                                      skip=3),
+        # The result store: the step-by-step store, or the terminal poll's one write that holds it.
         "result_store": proxy.cut_on(b'UPDATE "ledger_operation" SET "result" = ', [2.0], skip=3),
         "acceptance": proxy.cut_on(b'INSERT INTO "ledger_terminalreceipt"', [2.0, 4.0], skip=3),
     }

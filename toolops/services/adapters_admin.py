@@ -42,6 +42,13 @@ def _state_row(version: str) -> None:
     AdapterState.objects.get_or_create(adapter_version=version)
 
 
+def adapter_state_ensure(*, version: str) -> None:
+    """The version's state row, created (enabled) if it is not there yet: a server registered
+    with a version makes its row, so no submission has to."""
+    _known(version)
+    _state_row(version)
+
+
 def _status_shared(version: str) -> tuple[str] | None:
     with connection.cursor() as cursor:
         cursor.execute(

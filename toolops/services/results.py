@@ -324,9 +324,11 @@ def _settle_in_one_write(*, op: Operation, lease_owner: str, seen: _Seen,
         return None, verdict
     digest = canonical_digest(stored)
     updates: dict[str, Any] = {
+        # The result first, as in the step-by-step store: the statement reads as the result store
+        # (the fleet's database-cut test aims at it by its text).
+        "result": stored, "result_kind": stored["kind"], "result_digest": digest,
         "terminal_status": task.status, "server_state": task.status,
         "server_status_message": task.status_message or "", "poll_interval_ms": task.poll_interval_ms,
-        "result": stored, "result_kind": stored["kind"], "result_digest": digest,
         # Stays due under our lease until acceptance clears it, as on the step-by-step path.
         **schedule_now(release=False),
     }

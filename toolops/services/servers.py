@@ -16,6 +16,7 @@ from adapters.base import Negotiated, RequestGate, ToolDescriptor
 from ledger.digests import canonical_digest
 from ledger.models import ToolServer
 from toolops.errors import ToolopsError
+from toolops.services.adapters_admin import adapter_state_ensure
 from toolops.services.connections import (
     door_request_gate,
     server_bucket_hand_over,
@@ -128,6 +129,7 @@ def server_add(
         # Never the driver's message: it may quote the values of the row.
         raise ServerAnswerRefused(
             f"the server's negotiation answer could not be stored ({type(exc).__name__})") from exc
+    adapter_state_ensure(version=server.adapter_version)
     server_bucket_hand_over(server=server)
     return server
 
