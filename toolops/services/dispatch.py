@@ -63,21 +63,32 @@ def next_claimable_at(queryset: Any) -> datetime | None:
     One read per branch, so each is answered from its partial index (the free branch by the
     index's first entry, the leased one over leased rows only) instead of an aggregate over every
     open row; on PostgreSQL both are one statement (LEAST skips a branch that has no row)."""
+    connection = connections[queryset.db]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(*_next_claimable_sql(queryset))
+            row = cursor.fetchone()
+        return None if row is None else row[0]
+    free, leased = _branches(queryset)
+    return min([*free, *leased], default=None)
+
+
+def _branches(queryset: Any) -> tuple[Any, Any]:
     scoped = queryset.filter(state__in=CLAIMABLE)
     free = (scoped.filter(lease_expires_at__isnull=True, next_poll_at__isnull=False)
             .order_by("next_poll_at").values_list("next_poll_at", flat=True)[:1])
     leased = (scoped.filter(lease_expires_at__isnull=False)
               .annotate(at=Greatest("lease_expires_at", Coalesce("next_poll_at", "lease_expires_at")))
               .order_by("at").values_list("at", flat=True)[:1])
-    connection = connections[queryset.db]
-    if connection.vendor == "postgresql":
-        free_sql, free_params = free.query.sql_with_params()
-        leased_sql, leased_params = leased.query.sql_with_params()
-        with connection.cursor() as cursor:
-            cursor.execute(f"SELECT LEAST(({free_sql}), ({leased_sql}))", [*free_params, *leased_params])
-            row = cursor.fetchone()
-        return None if row is None else row[0]
-    return min([*free, *leased], default=None)
+    return free, leased
+
+
+def _next_claimable_sql(queryset: Any) -> tuple[str, list[Any]]:
+    """The PostgreSQL statement of next_claimable_at: both branches in one LEAST."""
+    free, leased = _branches(queryset)
+    free_sql, free_params = free.query.sql_with_params()
+    leased_sql, leased_params = leased.query.sql_with_params()
+    return f"SELECT LEAST(({free_sql}), ({leased_sql}))", [*free_params, *leased_params]
 
 
 def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None = None,
@@ -249,5 +260,19 @@ def operations_next_due_at(*, server_ids: Collection[int] | None = None) -> date
     is scheduled)."""
     rows = Operation.objects.all()
     if server_ids is not None:
-        rows = rows.filter(server_id__in=list(server_ids))
-    return next_claimable_at(rows)
+        return next_claimable_at(rows.filter(server_id__in=list(server_ids)))
+    connection = connections[rows.db]
+    if connection.vendor != "postgresql":
+        return next_claimable_at(rows)
+    # Every dispatcher pass asks this, with the same parameters (the claimable states): the
+    # statement is compiled once per connection and replayed.
+    compiled = _NEXT_DUE_SQL.get(rows.db)
+    if compiled is None:
+        compiled = _NEXT_DUE_SQL[rows.db] = _next_claimable_sql(rows)
+    with connection.cursor() as cursor:
+        cursor.execute(*compiled)
+        row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
+_NEXT_DUE_SQL: dict[str, tuple[str, list[Any]]] = {}
