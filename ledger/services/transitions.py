@@ -69,8 +69,10 @@ def _guarded_update(*, guards: Mapping[str, Any], fields: Mapping[str, Any],
     cannot read columns back.
     """
     meta = Operation._meta
+    # A guard on None means IS NULL to the ORM and never matches as `= NULL`: the ORM spells it.
     direct = all(_direct(name, value) for name, value in fields.items()) and all(
-        name.partition("__")[2] in _COMPARISONS for name in guards)
+        name.partition("__")[2] in _COMPARISONS and value is not None
+        for name, value in guards.items())
     if not direct:
         if returning:
             raise ValueError("reading columns back needs a direct UPDATE: plain values and guards")

@@ -109,3 +109,14 @@ def test_many_events_continue_the_series_after_single_appends() -> None:
     assert [s for s, _, _, _ in _kinds(op)] == [1, 2, 3, 4]
     b = OperationEvent.objects.get(operation=op, kind="b")
     assert (b.data, b.cancel_generation, b.server_state) == ({"n": 1}, 2, "working")
+
+
+@pytest.mark.django_db
+def test_a_guard_on_none_means_is_null_as_in_the_orm() -> None:
+    from ledger.services.transitions import operation_write_guarded
+
+    op = _leased(expires_at=None)
+    assert operation_write_guarded(
+        operation_id=op.id, state=State.WORKING, execution_epoch=op.execution_epoch,
+        lease_owner="w1", updates={"polls_count": 7}, extra_filters={"expires_at": None})
+    assert Operation.objects.get(id=op.id).polls_count == 7
