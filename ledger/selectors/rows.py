@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections, router
+from django.db.models import QuerySet
 
 from ledger.models import Operation, ToolServer
 
@@ -33,39 +34,29 @@ _compiled: dict[tuple[str, str, str], _Compiled] = {}
 
 
 def _compile(alias: str, *, by: str = "operation") -> _Compiled:
-    connection = connections[alias]
-    key = (alias, connection.vendor, by)
+    """The read `by` names ("operation": a row with its server by id; "server": a server by
+    name), compiled once per connection alias and vendor."""
+    key = (alias, connections[alias].vendor, by)
     found = _compiled.get(key)
     if found is not None:
         return found
+    query: QuerySet[Any]
     if by == "server":
-        found = _compile_server(alias)
-        _compiled[key] = found
-        return found
-    query = Operation.objects.using(alias).select_related("server").filter(id=uuid.UUID(int=0))
+        query = ToolServer.objects.using(alias).filter(name="")
+        op_fields: list[str] = []
+    else:
+        query = Operation.objects.using(alias).select_related("server").filter(id=uuid.UUID(int=0))
+        op_fields = [f.attname for f in Operation._meta.concrete_fields]
+    server_fields = [f.attname for f in ToolServer._meta.concrete_fields]
     compiler = query.query.get_compiler(using=alias)
     sql, _params = compiler.as_sql()
-    select = compiler.select
-    columns = [col for col, _, _ in select]
-    op_fields = [f.attname for f in Operation._meta.concrete_fields]
-    server_fields = [f.attname for f in ToolServer._meta.concrete_fields]
+    columns = [col for col, _, _ in compiler.select]
     if len(columns) != len(op_fields) + len(server_fields):
-        raise RuntimeError("the operation read does not have the columns its models declare")
+        raise RuntimeError(f"the {by} read does not have the columns its models declare")
     converters = [(i, convs, expr) for i, (convs, expr) in compiler.get_converters(columns).items()]
     found = _Compiled(sql=sql, op_fields=op_fields, server_fields=server_fields, converters=converters)
     _compiled[key] = found
     return found
-
-
-def _compile_server(alias: str) -> _Compiled:
-    compiler = ToolServer.objects.using(alias).filter(name="").query.get_compiler(using=alias)
-    sql, _params = compiler.as_sql()
-    columns = [col for col, _, _ in compiler.select]
-    server_fields = [f.attname for f in ToolServer._meta.concrete_fields]
-    if len(columns) != len(server_fields):
-        raise RuntimeError("the server read does not have the columns its model declares")
-    converters = [(i, convs, expr) for i, (convs, expr) in compiler.get_converters(columns).items()]
-    return _Compiled(sql=sql, op_fields=[], server_fields=server_fields, converters=converters)
 
 
 def _fetch_one(alias: str, compiled: _Compiled, params: list[Any]) -> list[Any] | None:
@@ -85,10 +76,9 @@ def _fetch_one(alias: str, compiled: _Compiled, params: list[Any]) -> list[Any] 
 def server_load(*, name: str) -> ToolServer | None:
     """The server named `name` (as `ToolServer.objects.filter(name=name)` loads it), or None."""
     alias = router.db_for_read(ToolServer)
-    values = _fetch_one(alias, _compile(alias, by="server"), [name])
-    if values is None:
-        return None
-    return ToolServer.from_db(alias, _compile(alias, by="server").server_fields, values)
+    compiled = _compile(alias, by="server")
+    values = _fetch_one(alias, compiled, [name])
+    return None if values is None else ToolServer.from_db(alias, compiled.server_fields, values)
 
 
 def operation_load(*, operation_id: uuid.UUID) -> Operation | None:

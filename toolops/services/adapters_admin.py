@@ -49,7 +49,7 @@ def adapter_state_ensure(*, version: str) -> None:
     _state_row(version)
 
 
-def _status_shared(version: str) -> tuple[str] | None:
+def _status_shared(version: str) -> str | None:
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT status FROM {AdapterState._meta.db_table} "  # table name, no user input
@@ -57,7 +57,7 @@ def _status_shared(version: str) -> tuple[str] | None:
             [version],
         )
         row = cursor.fetchone()
-    return None if row is None else (str(row[0]),)
+    return None if row is None else str(row[0])
 
 
 def adapter_assert_accepting(*, version: str) -> None:
@@ -65,12 +65,12 @@ def adapter_assert_accepting(*, version: str) -> None:
     that inserts the operation (it takes the SHARE lock described in the module docstring)."""
     _known(version)
     if connection.vendor == "postgresql":
-        row = _status_shared(version)
-        if row is None:  # the version's first submission: create the row, then lock it
+        shared = _status_shared(version)
+        if shared is None:  # the version's first submission: create the row, then lock it
             _state_row(version)
-            row = _status_shared(version)
-        assert row is not None
-        status = row[0]
+            shared = _status_shared(version)
+        assert shared is not None
+        status = shared
     else:  # SQLite (embedded) serialises writers itself
         _state_row(version)
         status = AdapterState.objects.get(adapter_version=version).status

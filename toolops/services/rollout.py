@@ -10,6 +10,7 @@ for submits in progress), and a rollback that takes the lock first sweeps a row 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -36,11 +37,16 @@ def canary_bucket(*, call_node_id: str) -> int:
     return int.from_bytes(digest[:8], "big") % BUCKETS
 
 
+def _scope_row(rows: Iterable[RolloutConfig], tool_name: str) -> RolloutConfig | None:
+    """The tool's row if any, else the server's row, else None (historic behaviour)."""
+    by_tool = {r.tool_name: r for r in rows}
+    return by_tool.get(tool_name) or by_tool.get("")
+
+
 def rollout_config_for(*, server: ToolServer, tool_name: str) -> RolloutConfig | None:
     """The tool's row if any, else the server's row, else None (historic behaviour)."""
-    rows = {r.tool_name: r for r in RolloutConfig.objects.filter(
-        server=server, tool_name__in=[tool_name, ""])}
-    return rows.get(tool_name) or rows.get("")
+    return _scope_row(RolloutConfig.objects.filter(server=server, tool_name__in=[tool_name, ""]),
+                      tool_name)
 
 
 def rollout_config_locked(*, server: ToolServer, tool_name: str) -> RolloutConfig | None:
@@ -53,7 +59,7 @@ def rollout_config_locked(*, server: ToolServer, tool_name: str) -> RolloutConfi
     """
     if connection.vendor != "postgresql":
         return rollout_config_for(server=server, tool_name=tool_name)
-    fields = [f for f in RolloutConfig._meta.concrete_fields]
+    fields = list(RolloutConfig._meta.concrete_fields)
     with connection.cursor() as cursor:
         cursor.execute(
             # Table and column names from the model, no user input.
@@ -63,9 +69,8 @@ def rollout_config_locked(*, server: ToolServer, tool_name: str) -> RolloutConfi
             [server.pk, tool_name],
         )
         rows = cursor.fetchall()
-    by_tool = {r.tool_name: r for r in (
-        RolloutConfig.from_db(connection.alias, [f.attname for f in fields], row) for row in rows)}
-    return by_tool.get(tool_name) or by_tool.get("")
+    return _scope_row((RolloutConfig.from_db(connection.alias, [f.attname for f in fields], row)
+                       for row in rows), tool_name)
 
 
 def tool_is_read_only(*, server: ToolServer, tool_name: str, config: RolloutConfig | None) -> bool:
@@ -117,8 +122,7 @@ def rollout_assert_path_open_locked(*, server: ToolServer, tool_name: str, path:
         return
     rows = list(RolloutConfig.objects.select_for_update().filter(
         server=server, tool_name__in=[tool_name, ""]).order_by("tool_name"))
-    by_tool = {r.tool_name: r for r in rows}
-    config = by_tool.get(tool_name) or by_tool.get("")
+    config = _scope_row(rows, tool_name)
     if config is not None and not config.tasks_enabled:
         raise SubmitRefused(f"the tasks path was rolled back for {server.name}/{tool_name}")
 
