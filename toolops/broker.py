@@ -9,18 +9,44 @@ TOOLOPS_DISPATCH_MAX_QUEUED messages, no more; rows not claimed stay due in the 
 from __future__ import annotations
 
 import logging
+import os
+from typing import Any
 
+import redis
 from django.conf import settings
 
 logger = logging.getLogger("toolops.broker")
+
+# The dispatcher asks for the queue's length on every pass (several a second). Through kombu
+# that is a new broker connection and channel each time, which cost more CPU than the claim
+# itself; a plain client kept per process (and per broker URL) asks with one LLEN. Its socket
+# timeouts bound the ask: a Redis that hangs costs a pass a bounded wait, then "no limit".
+_REDIS_TIMEOUT_SECONDS = 2.0
+_CLIENTS: dict[tuple[int, str], Any] = {}
+
+
+def _redis_client(app: Any) -> Any:
+    url = app.conf.broker_url
+    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+        return None
+    # Keyed by process id too: a client made before a fork must not be shared with the child.
+    key = (os.getpid(), url)
+    client = _CLIENTS.get(key)
+    if client is None:
+        client = _CLIENTS[key] = redis.Redis.from_url(
+            url, socket_timeout=_REDIS_TIMEOUT_SECONDS,
+            socket_connect_timeout=_REDIS_TIMEOUT_SECONDS)
+    return client
 
 
 def poll_queue_length(*, app: object, queue: str) -> int | None:
     """Messages waiting in `queue` (Redis broker), or None when the broker cannot tell."""
     try:
-        with app.connection_for_read() as conn:  # type: ignore[attr-defined]
-            client = conn.default_channel.client
+        client = _redis_client(app)
+        if client is not None:
             return int(client.llen(queue))
+        with app.connection_for_read() as conn:  # type: ignore[attr-defined]
+            return int(conn.default_channel.client.llen(queue))
     except Exception as exc:  # any other broker, or Redis unreachable: no limit from here
         logger.debug("queue length unavailable: %s", exc)
         return None

@@ -1,38 +1,54 @@
-"""The dispatcher tops the poll queue up to its cap: rows beyond the room stay due in the ledger."""
+"""The dispatcher's view of the poll queue: its length in a real Redis broker, and no limit
+(never an error, never a hang) when the broker cannot tell."""
 
 from __future__ import annotations
 
-import uuid
-from datetime import timedelta
+import os
+import time
+from types import SimpleNamespace
 
 import pytest
-from django.utils import timezone
+import redis
+from django.test import override_settings
 
-from ledger.models import Operation
-from ledger.states import State
-from tests.ledger.factories import OperationFactory, ToolServerFactory
-from toolops.services.dispatch import operations_dispatch_due
+from toolops.broker import dispatch_room, poll_queue_length
 
-pytestmark = pytest.mark.django_db(transaction=True)
+BROKER = os.environ.get("TOOLOPS_TEST_BROKER_URL", "redis://127.0.0.1:6379/15")
 
 
-def _due_rows(n: int) -> list[uuid.UUID]:
-    server = ToolServerFactory()
-    rows = OperationFactory.build_batch(n, server=server, state=State.WORKING,
-                                        next_poll_at=timezone.now() - timedelta(seconds=1))
-    Operation.objects.bulk_create(rows)
-    return [r.id for r in rows]
+def _app(url: str) -> SimpleNamespace:
+    return SimpleNamespace(conf=SimpleNamespace(broker_url=url))
 
 
-def test_no_room_claims_nothing_and_a_little_room_claims_that_much() -> None:
-    ids = _due_rows(5)
-    sent: list[uuid.UUID] = []
-    assert operations_dispatch_due(enqueue=lambda op_id, owner: sent.append(op_id), room=0) == 0
-    assert sent == [] and not Operation.objects.exclude(lease_owner="").exists()
-    assert operations_dispatch_due(enqueue=lambda op_id, owner: sent.append(op_id), room=3) == 3
-    assert len(sent) == 3 and set(sent) <= set(ids)
-    leased = Operation.objects.exclude(lease_owner="")
-    # A claimed row is not due again before its lease ends.
-    assert all(op.next_poll_at == op.lease_expires_at for op in leased)
-    assert operations_dispatch_due(enqueue=lambda op_id, owner: sent.append(op_id)) == 2
-    assert sorted(sent) == sorted(ids)
+def test_the_length_is_read_from_the_redis_list_and_bounds_the_room() -> None:
+    client = redis.Redis.from_url(BROKER)
+    client.delete("toolops-test-queue")  # fails (never skips) when Redis is down
+    client.rpush("toolops-test-queue", b"a", b"b", b"c")
+    try:
+        assert poll_queue_length(app=_app(BROKER), queue="toolops-test-queue") == 3
+        with override_settings(TOOLOPS_DISPATCH_MAX_QUEUED=100):
+            # Three waiting batches of 20 rows take 60 of the 100 rows' room.
+            assert dispatch_room(app=_app(BROKER), queue="toolops-test-queue", rows_per_message=20) == 40
+        client.lpop("toolops-test-queue")
+        assert poll_queue_length(app=_app(BROKER), queue="toolops-test-queue") == 2
+    finally:
+        client.delete("toolops-test-queue")
+
+
+def test_an_unreachable_broker_means_no_limit_after_a_bounded_wait() -> None:
+    started = time.monotonic()
+    # Nothing listens on port 1: the connection is refused at once.
+    assert poll_queue_length(app=_app("redis://127.0.0.1:1/0"), queue="celery") is None
+    assert dispatch_room(app=_app("redis://127.0.0.1:1/0")) is None
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("url", ["memory://", "amqp://guest@127.0.0.1:1//"])
+def test_a_broker_that_is_not_redis_means_no_limit(url: str) -> None:
+    class _App:
+        conf = SimpleNamespace(broker_url=url)
+
+        def connection_for_read(self) -> object:
+            raise ConnectionError("no such broker here")
+
+    assert poll_queue_length(app=_App(), queue="celery") is None

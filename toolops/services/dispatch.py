@@ -13,11 +13,12 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import connections, router, transaction
-from django.db.models import F, Q
+from django.db.models import BooleanField, F, Field, Q
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -73,8 +74,17 @@ def next_claimable_at(queryset: Any) -> datetime | None:
     return min([*free, *leased], default=None)
 
 
+def _claimable_states_sql() -> str:
+    """`state IN (...)` with the claimable states as literals, never parameters: a prepared
+    statement's generic plan can use a partial index only when the statement's own predicate
+    proves the index's, which `state IN ($1, ...)` cannot (it would walk the whole table)."""
+    column = Operation._meta.get_field("state").column
+    states = ", ".join(f"'{state.value}'" for state in sorted(CLAIMABLE))  # fixed enum values
+    return f'"{column}" IN ({states})'
+
+
 def _branches(queryset: Any) -> tuple[Any, Any]:
-    scoped = queryset.filter(state__in=CLAIMABLE)
+    scoped = queryset.filter(RawSQL(_claimable_states_sql(), [], output_field=BooleanField()))
     free = (scoped.filter(lease_expires_at__isnull=True, next_poll_at__isnull=False)
             .order_by("next_poll_at").values_list("next_poll_at", flat=True)[:1])
     leased = (scoped.filter(lease_expires_at__isnull=False)
@@ -89,6 +99,56 @@ def _next_claimable_sql(queryset: Any) -> tuple[str, list[Any]]:
     free_sql, free_params = free.query.sql_with_params()
     leased_sql, leased_params = leased.query.sql_with_params()
     return f"SELECT LEAST(({free_sql}), ({leased_sql}))", [*free_params, *leased_params]
+
+
+_CLAIM_SQL: dict[tuple[str, bool, bool], str] = {}
+
+
+def _claim_sql(*, alias: str, by_path: bool, by_servers: bool) -> str:
+    """The claim as one statement: lock, lease and return the batch (no second lookup of ids).
+
+    Spelled out once per connection alias and shape, not compiled by the ORM on every pass (the
+    dispatcher claims several times a second). The claimable states are literals, never
+    parameters: a prepared statement's generic plan can use a partial index only when the query's
+    own predicate proves the index's (_claimable_states_sql).
+
+    Lapsed leases first: they are rare (a worker died), the walk over them stops at the first
+    lease still running, and putting them ahead means a steady stream of due rows cannot starve
+    them. Each branch is its own ordered walk over its own partial index (op_leased_idx,
+    op_due_free_idx, whose predicates these WHERE clauses repeat); the outer LIMIT stops pulling
+    rows (and so locking them) from the free branch once the batch is full.
+
+    Parameters: owner, lease end (twice: lease and next poll time), now twice, [path],
+    [server ids], batch; now, [path], [server ids], batch; batch."""
+    key = (alias, by_path, by_servers)
+    cached = _CLAIM_SQL.get(key)
+    if cached is not None:
+        return cached
+    meta = Operation._meta
+    table = meta.db_table
+
+    def col(name: str) -> str:
+        return f'"{cast("Field[Any, Any]", meta.get_field(name)).column}"'
+
+    states = _claimable_states_sql()
+    scope = ""
+    if by_path:
+        scope += f" AND {col('executor_path')} = %s"
+    if by_servers:
+        scope += f" AND {col('server')} = ANY(%s)"
+    pk, lease, due = col("id"), col("lease_expires_at"), col("next_poll_at")
+    lapsed = (f'SELECT {pk} FROM "{table}" WHERE {states} AND {lease} <= %s '
+              f'AND ({due} <= %s OR {due} IS NULL){scope} ORDER BY {lease} LIMIT %s '
+              f'FOR UPDATE SKIP LOCKED')
+    free = (f'SELECT {pk} FROM "{table}" WHERE {states} AND {lease} IS NULL '
+            f'AND {due} <= %s{scope} ORDER BY {due} LIMIT %s FOR UPDATE SKIP LOCKED')
+    sql = (f'UPDATE "{table}" AS o SET {col("lease_owner")} = %s, {lease} = %s, {due} = %s, '
+           f'{col("poll_attempts")} = o.{col("poll_attempts")} + 1 '
+           f'FROM (SELECT {pk} FROM ({lapsed}) AS lapsed '
+           f'UNION ALL SELECT {pk} FROM ({free}) AS free LIMIT %s) AS due '
+           f'WHERE o.{pk} = due.{pk} RETURNING o.{pk}')
+    _CLAIM_SQL[key] = sql
+    return sql
 
 
 def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None = None,
@@ -107,34 +167,24 @@ def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None =
     now = timezone.now()
     batch = limit or int(settings.TOOLOPS_CLAIM_BATCH)
     lease_until = now + timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS))
+    connection = connections[router.db_for_write(Operation)]
+    if connection.vendor == "postgresql":
+        sql = _claim_sql(alias=connection.alias, by_path=path is not None,
+                         by_servers=server_ids is not None)
+        scope: list[Any] = []
+        if path is not None:
+            scope.append(path)
+        if server_ids is not None:
+            scope.append(list(server_ids))
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [owner, lease_until, lease_until, now, now, *scope, batch,
+                                 now, *scope, batch, batch])
+            return [row[0] for row in cursor.fetchall()]
     rows = Operation.objects.select_for_update(skip_locked=True)
     if path is not None:
         rows = rows.filter(executor_path=path)
     if server_ids is not None:
         rows = rows.filter(server_id__in=list(server_ids))
-    connection = connections[router.db_for_write(Operation)]
-    if connection.vendor == "postgresql":
-        # One statement: lock, lease and return the batch (no second lookup of each id). Lapsed
-        # leases first: they are rare (a worker died), the walk over them stops at the first lease
-        # still running, and putting them ahead means a steady stream of due rows cannot starve
-        # them. Each branch is its own ordered walk over its own partial index; the outer LIMIT
-        # stops pulling rows (and so locking them) from the free branch once the batch is full.
-        lapsed_sql, lapsed_params = (rows.filter(_claimable_lapsed(now=now))
-                                     .order_by("lease_expires_at").values_list("id", flat=True)
-                                     [:batch].query.sql_with_params())
-        free_sql, free_params = (rows.filter(_claimable_free(now=now)).order_by("next_poll_at")
-                                 .values_list("id", flat=True)[:batch].query.sql_with_params())
-        table = Operation._meta.db_table
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f'UPDATE "{table}" AS o SET "lease_owner" = %s, "lease_expires_at" = %s, '
-                f'"next_poll_at" = %s, "poll_attempts" = o."poll_attempts" + 1 '
-                f'FROM (SELECT "id" FROM ({lapsed_sql}) AS lapsed '
-                f'UNION ALL SELECT "id" FROM ({free_sql}) AS free LIMIT %s) AS due '
-                f'WHERE o."id" = due."id" RETURNING o."id"',
-                [owner, lease_until, lease_until, *lapsed_params, *free_params, batch],
-            )
-            return [row[0] for row in cursor.fetchall()]
     ids = list(rows.filter(claimable_now(now=now)).order_by("next_poll_at")
                .values_list("id", flat=True)[:batch])
     if ids:
@@ -264,8 +314,8 @@ def operations_next_due_at(*, server_ids: Collection[int] | None = None) -> date
     connection = connections[rows.db]
     if connection.vendor != "postgresql":
         return next_claimable_at(rows)
-    # Every dispatcher pass asks this, with the same parameters (the claimable states): the
-    # statement is compiled once per connection and replayed.
+    # Every dispatcher pass asks this, always the same statement (no parameters): compiled once
+    # per connection alias and replayed.
     compiled = _NEXT_DUE_SQL.get(rows.db)
     if compiled is None:
         compiled = _NEXT_DUE_SQL[rows.db] = _next_claimable_sql(rows)

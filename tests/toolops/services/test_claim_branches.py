@@ -60,3 +60,37 @@ def test_a_lapsed_lease_goes_ahead_of_a_full_batch_of_free_rows() -> None:
     lapsed = _row(next_poll_at=now - timedelta(seconds=1), lease_expires_at=now - timedelta(seconds=1))
     assert operations_claim_due(owner="d", limit=1) == [lapsed]
     assert len(operations_claim_due(owner="d", limit=5)) == 3
+
+
+@pytest.mark.parametrize(("by_path", "by_servers"), [(False, False), (True, True)])
+def test_the_claims_generic_plan_walks_both_partial_indexes(by_path: bool, by_servers: bool) -> None:
+    # Workers prepare their statements: after a few executions PostgreSQL may plan a claim once,
+    # without its parameters' values. Such a plan can use a partial index only if the statement's
+    # own predicate proves the index's, which is why the states are literals in its text.
+    from django.db import connection
+
+    from toolops.services.dispatch import _claim_sql
+
+    sql = _claim_sql(alias=connection.alias, by_path=by_path, by_servers=by_servers)
+    types = ["text", "timestamptz", "timestamptz", "timestamptz", "timestamptz",
+             *(["text"] if by_path else []), *(["bigint[]"] if by_servers else []), "int",
+             "timestamptz", *(["text"] if by_path else []), *(["bigint[]"] if by_servers else []),
+             "int", "int"]
+    numbered = sql
+    for i in range(1, len(types) + 1):
+        numbered = numbered.replace("%s", f"${i}", 1)
+    values = ["'o'", "now()", "now()", "now()", "now()", *(["'embedded'"] if by_path else []),
+              *(["ARRAY[1]::bigint[]"] if by_servers else []), "200", "now()",
+              *(["'embedded'"] if by_path else []), *(["ARRAY[1]::bigint[]"] if by_servers else []),
+              "200", "200"]
+    with connection.cursor() as cursor:
+        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        cursor.execute(f"PREPARE claim_probe ({', '.join(types)}) AS {numbered}")
+        try:
+            cursor.execute(f"EXPLAIN EXECUTE claim_probe ({', '.join(values)})")
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        finally:
+            cursor.execute("DEALLOCATE claim_probe")
+            cursor.execute("RESET plan_cache_mode")
+    assert "op_due_free_idx" in plan, plan
+    assert "op_leased_idx" in plan, plan
