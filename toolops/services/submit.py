@@ -82,10 +82,13 @@ def _choose_mode(*, server: ToolServer, tool_name: str) -> tuple[str, dict[str, 
 
 def _insert_attempt(**fields: Any) -> Operation:
     """One live attempt per call node (constraint op_one_live_attempt_per_node):
-    a new attempt is possible only once every earlier one is NOT_FOUND_SAFE."""
+    a new attempt is possible only once every earlier one is NOT_FOUND_SAFE.
+
+    No savepoint around the INSERT (two round trips): both callers run it inside their own
+    durable transaction and let any refusal end that transaction, so nothing is run after a
+    failed statement that a savepoint would have had to rescue."""
     try:
-        with transaction.atomic():
-            return row_insert(Operation(**fields))
+        return row_insert(Operation(**fields))
     except IntegrityError as exc:
         if "op_one_live_attempt_per_node" not in str(exc) and "call_node_id" not in str(exc):
             raise
