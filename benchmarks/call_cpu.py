@@ -3,8 +3,10 @@
 Submits `--calls` calls through the public API (`toolops.api.submit_call`, the same entry point
 the perf harness's submitters use), then polls them to their receipts with the embedded executor
 (`run_embedded`, one thread). Prints, per phase, the process CPU per call, the wall time and the
-PostgreSQL statements per call; with `--profile`, the top functions of each phase by cumulative
-time (cProfile), which is where a change to the submit or poll path is measured first.
+PostgreSQL statements per call, and the CPU every local `postgres` process spent meanwhile
+(read from /proc: the server's share of the call, backends, WAL writer and checkpointer; only
+meaningful on a quiet machine with PostgreSQL on it); with `--profile`, the top functions of each
+phase by cumulative time (cProfile), which is where a change to the submit or poll path is measured first.
 
 The server is any MCP 2025-11-25 task server; the perf harness's fast server is the usual one
 (`FAST_TASK_SECONDS=1 FAST_POLL_MS=500 python ../shared/perf/fastserver.py --port 8765`):
@@ -43,6 +45,26 @@ from toolops import api  # noqa: E402
 from toolops.runner import run_embedded  # noqa: E402
 from toolops.services.servers import server_add  # noqa: E402
 
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _postgres_cpu_s() -> float:
+    """CPU seconds (user + system) of every process named `postgres` on this machine."""
+    total = 0
+    for entry in Path("/proc").iterdir() if Path("/proc/self/stat").exists() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone between the listing and the read
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        if comm != "postgres" and not comm.startswith("postgres"):
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / _TICKS
+
 
 def _phase(name: str, calls: int, fn: Callable[[], object], *, profile: bool, top: int) -> None:
     """Run `fn` and print its figures per unit: per call, or per poll when `fn` returns a count."""
@@ -55,16 +77,18 @@ def _phase(name: str, calls: int, fn: Callable[[], object], *, profile: bool, to
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(count):
-        cpu0, wall0 = time.process_time(), time.perf_counter()
+        cpu0, wall0, pg0 = time.process_time(), time.perf_counter(), _postgres_cpu_s()
         if prof is not None:
             prof.enable()
         units = fn()
         if prof is not None:
             prof.disable()
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        pg = _postgres_cpu_s() - pg0
     if isinstance(units, int) and units > 0:
         calls = units
-    print(f"{name:>6}: {cpu / calls * 1000:6.2f} ms CPU/call, {wall / calls * 1000:6.2f} ms wall/call, "
+    print(f"{name:>7}: {cpu / calls * 1000:6.2f} ms CPU/call, {pg / calls * 1000:6.2f} ms postgres CPU/call, "
+          f"{wall / calls * 1000:6.2f} ms wall/call, "
           f"{statements[0] / calls:5.1f} statements/call ({calls} {'polls' if units else 'calls'})")
     if prof is not None:
         out = io.StringIO()

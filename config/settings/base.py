@@ -63,6 +63,17 @@ if DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3":
     # each task, so one dropped by a database restart is replaced rather than failing the task.
     DATABASES["default"]["CONN_MAX_AGE"] = env_int("TOOLOPS_DB_CONN_MAX_AGE", 300)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = env_bool("TOOLOPS_DB_CONN_HEALTH_CHECKS", True)
+    # Server-side binding with prepared statements: the hot statements (the claim, the guarded
+    # UPDATEs, the event INSERT) are the same text every time, so PostgreSQL parses and plans each
+    # once per session instead of per execution (about a third of the server's CPU per call, by
+    # benchmarks/call_cpu.py). A transaction-mode pooler (PgBouncer before 1.21) cannot follow
+    # prepared statements across sessions: TOOLOPS_DB_PREPARED=0 turns them off.
+    if env_bool("TOOLOPS_DB_PREPARED", True):
+        DATABASES["default"].setdefault("OPTIONS", {}).update(
+            server_side_binding=True,
+            # Prepared from the second execution on: a statement seen once (a migration, an
+            # admin page) is not kept; psycopg keeps at most 100 per session (its LRU).
+            prepare_threshold=env_int("TOOLOPS_DB_PREPARE_THRESHOLD", 2))
 else:
     (BASE_DIR / "var").mkdir(exist_ok=True)
     # The embedded runner writes from one process; a busy timeout rides over short lock waits
