@@ -158,7 +158,10 @@ class Operation(models.Model):
 class OperationEvent(models.Model):
     """Append-only, per-operation ordered series of every transition and observation."""
 
-    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: event_seq_unique (operation, seq) leads with it and answers every
+    # lookup by operation; a second index would be written on every event (six a call) for nothing.
+    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="events",
+                                  db_index=False)
     seq = models.PositiveIntegerField()
     kind = models.CharField(max_length=40)
     from_state = models.CharField(max_length=32, blank=True)
