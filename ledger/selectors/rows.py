@@ -1,5 +1,6 @@
 """The hot path's reads by key: an operation row with its server by id (every poll, fetch and
-resolution loads its row this way, once), and a server by name (every submit).
+resolution loads its row this way, once), a server by name and whether a submission key is
+taken (every submit).
 
 Each statement is the ORM's own read (`select_related("server")`, `filter(name=...)`), built once
 per database connection with the fields' converters and replayed as SQL: compiling the same query
@@ -95,3 +96,20 @@ def operation_load(*, operation_id: uuid.UUID) -> Operation | None:
     server = ToolServer.from_db(alias, compiled.server_fields, values[n:])
     op._state.fields_cache["server"] = server
     return op
+
+
+_KEY_TAKEN_SQL: dict[str, str] = {}
+
+
+def operation_submission_key_taken(*, submission_key: str) -> bool:
+    """Whether a row holds `submission_key` (as `filter(submission_key=...).exists()` asks),
+    answered from the key's unique index."""
+    alias = router.db_for_read(Operation)
+    sql = _KEY_TAKEN_SQL.get(alias)
+    if sql is None:
+        query = Operation.objects.using(alias).filter(submission_key="").values("pk")[:1]
+        compiled_sql, _params = query.query.get_compiler(using=alias).as_sql()
+        sql = _KEY_TAKEN_SQL[alias] = compiled_sql
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, [submission_key])
+        return cursor.fetchone() is not None

@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from ledger.models import Operation, ToolServer
-from ledger.selectors.rows import operation_load, server_load
+from ledger.selectors.rows import operation_load, operation_submission_key_taken, server_load
 from tests.ledger.factories import OperationFactory, ToolServerFactory
 
 
@@ -49,3 +49,13 @@ def test_a_server_loads_by_name_as_the_orm_loads_it() -> None:
     assert loaded is not None
     _same(loaded, ToolServer.objects.get(name="by-name"), ToolServer)
     assert loaded.pk == server.pk
+
+
+@pytest.mark.django_db
+def test_a_taken_submission_key_is_seen_as_the_orm_sees_it() -> None:
+    op = OperationFactory(submission_key="k-taken")
+    for key in (op.submission_key, "k-free", "k-taken ", "K-TAKEN", ""):
+        assert operation_submission_key_taken(submission_key=key) == (
+            Operation.objects.filter(submission_key=key).exists()), key
+    assert operation_submission_key_taken(submission_key="k-taken") is True
+    assert operation_submission_key_taken(submission_key="k-free") is False

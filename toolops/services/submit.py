@@ -32,7 +32,7 @@ from adapters.base import FetchedResult, RemoteTask, SubmitOutcome, TaskAdapter
 from ledger.digests import request_digest
 from ledger.errors import IllegalTransition
 from ledger.models import Operation, ToolServer
-from ledger.selectors.rows import server_load
+from ledger.selectors.rows import operation_submission_key_taken, server_load
 from ledger.services.events import event_append_locked
 from ledger.services.inserts import row_insert
 from ledger.services.schedule import RELEASE, schedule_at, schedule_leased, schedule_now
@@ -242,7 +242,7 @@ def operation_submit(
     # (a replay under an idempotency key) runs against the same snapshot the insert guards.
     with _ledger_write("recording the submission"), transaction.atomic(durable=True):
         server = _server_for(server_name=server_name, tenant=tenant)
-        if submission_key is not None and Operation.objects.filter(submission_key=submission_key).exists():
+        if submission_key is not None and operation_submission_key_taken(submission_key=submission_key):
             raise SubmissionKeyTaken(submission_key)
         if not call_node_id:
             raise SubmitRefused("a call node id is required")
