@@ -34,13 +34,14 @@ from typing import Any
 from ledger.models import InputRequest, Operation, ReconciliationItem, TerminalReceipt
 from ledger.states import State
 from toolops.errors import ToolopsError
+from toolops.services.answer_checks import InputAnswerRefused
 from toolops.services.cancel import CancelRefused, operation_cancel
 from toolops.services.idempotency import (
     IdempotencyInProgress,
     IdempotencyMismatch,
     operation_submit_idempotent,
 )
-from toolops.services.inputs import InputAnswerRefused, operation_answer_input
+from toolops.services.inputs import operation_answer_input
 from toolops.services.outbox import RelayStats, outbox_relay
 from toolops.services.permissions import (
     SYSTEM,

@@ -28,7 +28,8 @@ from ledger.admin import operation_link as link_to_operation
 from ledger.models import EffectReconciliation, InputRequest
 from toolops.admin.forms import form_json_object
 from toolops.admin.operations import age, duration, pretty_json
-from toolops.services.inputs import ELICITATION_ACTIONS, InputAnswerRefused, operation_answer_input
+from toolops.services.answer_checks import ELICITATION_ACTIONS, InputAnswerRefused
+from toolops.services.inputs import operation_answer_input
 from toolops.services.permissions import PermissionRefused, actor_for_user
 
 ANSWER_PERMISSION = "ledger.change_inputrequest"

@@ -11,9 +11,9 @@ from rest_framework.views import exception_handler
 from ledger.errors import LedgerError
 from toolops.errors import LedgerUnavailable, ServerNotFound, SubmissionKeyTaken, ToolopsError
 from toolops.python_api import OperationNotVisible
+from toolops.services.answer_checks import InputAnswerRefused
 from toolops.services.cancel import CancelRefused
 from toolops.services.idempotency import IdempotencyInProgress, IdempotencyMismatch
-from toolops.services.inputs import InputAnswerRefused
 from toolops.services.permissions import PermissionRefused
 from toolops.services.reconcile import AlreadyResolved, EvidenceRejected
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import jsonschema
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -33,7 +32,7 @@ from ledger.services.events import event_append_locked, operation_record_event
 from ledger.services.schedule import schedule_at, schedule_cleared
 from ledger.services.transitions import operation_transition
 from ledger.states import State
-from toolops.errors import ToolopsError
+from toolops.services.answer_checks import InputAnswerRefused, elicitation_result
 from toolops.services.cancel import CancelRefused, operation_cancel
 from toolops.services.connections import adapter_for_server, server_call
 from toolops.services.json_input import JsonInputRefused, json_input_check
@@ -52,11 +51,6 @@ DEFAULT_INPUT_DEADLINE_S = 3600.0
 DEFAULT_INPUT_EXPIRY_POLICY = "reconcile"
 # Rows handled per sweep call: the dispatcher tick stays small; the rest waits one tick.
 EXPIRY_SWEEP_BATCH = 50
-ELICITATION_ACTIONS = frozenset({"accept", "decline", "cancel"})
-
-
-class InputAnswerRefused(ToolopsError):
-    pass
 
 
 def _deadline_seconds() -> float:
@@ -224,26 +218,6 @@ class _Checked:
     redeliver: bool
 
 
-def _elicitation_result(*, ir: InputRequest, response: Any) -> dict[str, Any]:
-    """The JSON-RPC result we send: `{action, content}`; bare content means accept."""
-    if not isinstance(response, dict):
-        raise InputAnswerRefused("the answer must be a JSON object")
-    if ir.method != "elicitation/create":
-        return response  # sampling: the operator supplies the CreateMessageResult verbatim
-    result = dict(response) if "action" in response else {"action": "accept", "content": response}
-    if result["action"] not in ELICITATION_ACTIONS:
-        raise InputAnswerRefused(f"action must be one of {sorted(ELICITATION_ACTIONS)}")
-    if result["action"] == "accept":
-        schema = ir.params.get("requestedSchema")
-        try:
-            if schema is not None:
-                jsonschema.validate(result.get("content"), schema)
-        except jsonschema.ValidationError as exc:
-            raise InputAnswerRefused(f"answer does not match the requested schema: {exc.message}"
-                                     ) from exc
-    return result
-
-
 def _check_answer(*, op: Operation, ir: InputRequest | None, input_round: int,
                   schema_digest: str, response: Any, now: datetime) -> dict[str, Any]:
     if ir is None:
@@ -264,7 +238,7 @@ def _check_answer(*, op: Operation, ir: InputRequest | None, input_round: int,
         )
     if op.state != State.INPUT_REQUIRED:
         raise InputAnswerRefused(f"operation {op.id} is {op.state}, not waiting for input")
-    return _elicitation_result(ir=ir, response=response)
+    return elicitation_result(ir=ir, response=response)
 
 
 def _record_answer(*, operation_id: uuid.UUID, input_round: int, schema_digest: str,
@@ -282,7 +256,7 @@ def _record_answer(*, operation_id: uuid.UUID, input_round: int, schema_digest: 
                 and op.state == State.INPUT_REQUIRED):
             # Recorded but never delivered (the delivering process died): deliver the same answer.
             return _Checked(ir.pk, json.loads(ir.server_request_id), op.remote_id,
-                            _elicitation_result(ir=ir, response=response), redeliver=True)
+                            elicitation_result(ir=ir, response=response), redeliver=True)
         result = _check_answer(op=op, ir=ir, input_round=input_round,
                                schema_digest=schema_digest, response=response, now=now)
         assert ir is not None
