@@ -7,6 +7,7 @@ the unique (operation, seq) constraint is the backstop if a caller ever forgets.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,18 @@ from django.utils import timezone
 
 from ledger.errors import OperationNotFound
 from ledger.models import Operation, OperationEvent
+
+
+@functools.cache
+def _event_columns() -> tuple[Any, ...]:
+    """The event's columns an append writes, in model order (the key and `seq` are computed)."""
+    return tuple(f for f in OperationEvent._meta.concrete_fields if f.attname not in ("id", "seq"))
+
+
+# The append's statement is the same text every time: spelled once per connection alias (quoting
+# and joining the identifiers on every append cost more than preparing the values). Whole values
+# are stored, so two threads spelling it at once store the same text.
+_APPEND_ONE_SQL: dict[str, str] = {}
 
 
 def event_append_locked(
@@ -41,17 +54,18 @@ def event_append_locked(
         cancel_generation=cancel_generation, data=dict(data or {}), created_at=timezone.now(),
     )
     connection = connections[router.db_for_write(OperationEvent)]
-    meta = OperationEvent._meta
-    qn = connection.ops.quote_name
-    columns = [f for f in meta.concrete_fields if f.attname not in ("id", "seq")]
+    columns = _event_columns()
     values = [f.get_db_prep_save(getattr(event, f.attname), connection) for f in columns]
-    op_id_value = meta.get_field("operation").get_db_prep_value(operation_id, connection)
-    table = qn(meta.db_table)
-    sql = (
-        f"INSERT INTO {table} ({', '.join(qn(f.column) for f in columns)}, {qn('seq')}) "
-        f"SELECT {', '.join(['%s'] * len(columns))}, COALESCE(MAX({qn('seq')}), 0) + 1 "
-        f"FROM {table} WHERE {qn('operation_id')} = %s RETURNING {qn('id')}, {qn('seq')}"
-    )
+    op_id_value = OperationEvent._meta.get_field("operation").get_db_prep_value(operation_id, connection)
+    sql = _APPEND_ONE_SQL.get(connection.alias)
+    if sql is None:
+        qn = connection.ops.quote_name
+        table = qn(OperationEvent._meta.db_table)
+        sql = _APPEND_ONE_SQL[connection.alias] = (
+            f"INSERT INTO {table} ({', '.join(qn(f.column) for f in columns)}, {qn('seq')}) "
+            f"SELECT {', '.join(['%s'] * len(columns))}, COALESCE(MAX({qn('seq')}), 0) + 1 "
+            f"FROM {table} WHERE {qn('operation_id')} = %s RETURNING {qn('id')}, {qn('seq')}"
+        )
     with connection.cursor() as cursor:
         cursor.execute(sql, [*values, op_id_value])
         event.id, event.seq = cursor.fetchone()
@@ -85,7 +99,7 @@ def event_append_many_locked(
     connection = connections[router.db_for_write(OperationEvent)]
     meta = OperationEvent._meta
     qn = connection.ops.quote_name
-    columns = [f for f in meta.concrete_fields if f.attname not in ("id", "seq")]
+    columns = _event_columns()
     now = timezone.now()
     rows, params = [], []
     for k, spec in enumerate(events, start=1):

@@ -19,6 +19,11 @@ from django.db.models.signals import post_save, pre_save
 
 M = TypeVar("M", bound=Model)
 
+# The statement's text per model, connection alias and whether the key is generated: the same
+# every time, so spelled once (quoting some forty column names per insert cost more than the
+# round trip's own Python). Whole values are stored: two threads spelling it store the same text.
+_INSERT_SQL: dict[tuple[type[Model], str, bool], str] = {}
+
 
 def row_insert(instance: M) -> M:
     """INSERT `instance` (a new row) and return it saved, its key set."""
@@ -32,12 +37,16 @@ def row_insert(instance: M) -> M:
     pk = meta.pk
     generated = isinstance(pk, AutoFieldMixin) and getattr(instance, pk.attname) is None
     fields = [f for f in meta.concrete_fields if not (generated and f is pk)]
-    qn = connection.ops.quote_name
     values = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
-    sql = (f"INSERT INTO {qn(meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) "
-           f"VALUES ({', '.join(['%s'] * len(fields))})")
-    if generated:
-        sql += f" RETURNING {qn(pk.column)}"  # type: ignore[union-attr]
+    key = (model, alias, generated)
+    sql = _INSERT_SQL.get(key)
+    if sql is None:
+        qn = connection.ops.quote_name
+        sql = (f"INSERT INTO {qn(meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) "
+               f"VALUES ({', '.join(['%s'] * len(fields))})")
+        if generated:
+            sql += f" RETURNING {qn(pk.column)}"  # type: ignore[union-attr]
+        _INSERT_SQL[key] = sql
     with connection.cursor() as cursor:
         cursor.execute(sql, values)
         if generated:

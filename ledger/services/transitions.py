@@ -58,6 +58,11 @@ def _direct(name: str, value: Any) -> bool:
     return True
 
 
+# Statement text by shape (see _guarded_update); whole values are stored, so two threads spelling
+# one shape at once store the same text. The shapes are the code's own call sites: a few dozen.
+_UPDATE_SQL: dict[tuple[Any, ...], str] = {}
+
+
 def _guarded_update(*, guards: Mapping[str, Any], fields: Mapping[str, Any],
                     returning: Sequence[str] = ()) -> tuple[int, tuple[Any, ...] | None]:
     """The compare-and-set UPDATE of one row: (rows matched, the `returning` columns or None).
@@ -78,26 +83,30 @@ def _guarded_update(*, guards: Mapping[str, Any], fields: Mapping[str, Any],
             raise ValueError("reading columns back needs a direct UPDATE: plain values and guards")
         return Operation.objects.filter(**guards).update(**fields), None
     connection = connections[router.db_for_write(Operation)]
-    qn = connection.ops.quote_name
-    sets, params = [], []
+    params: list[Any] = []
+    steps: list[bool] = []
     for name, value in fields.items():
-        field = _column(name)
         step = _increment(value)
-        if step is not None:
-            sets.append(f"{qn(field.column)} = {qn(field.column)} + %s")
-            params.append(step)
-        else:
-            sets.append(f"{qn(field.column)} = %s")
-            params.append(field.get_db_prep_save(value, connection))
-    where = []
+        steps.append(step is not None)
+        params.append(step if step is not None else _column(name).get_db_prep_save(value, connection))
     for key, value in guards.items():
-        name, _, lookup = key.partition("__")
-        field = _column(name)
-        where.append(f"{qn(field.column)} {_COMPARISONS[lookup]} %s")
-        params.append(field.get_db_prep_value(value, connection))
-    sql = f"UPDATE {qn(meta.db_table)} SET {', '.join(sets)} WHERE {' AND '.join(where)}"
-    if returning:
-        sql += f" RETURNING {', '.join(qn(_column(n).column) for n in returning)}"
+        params.append(_column(key.partition("__")[0]).get_db_prep_value(value, connection))
+    # The text depends only on the statement's shape (which columns, which are increments, which
+    # guards, what is read back): spelled once per shape, not quoted and joined on every write.
+    shape = (connection.alias, tuple(fields), tuple(steps), tuple(guards), tuple(returning))
+    sql = _UPDATE_SQL.get(shape)
+    if sql is None:
+        qn = connection.ops.quote_name
+        sets = [f"{qn(_column(name).column)} = {qn(_column(name).column)} + %s" if step
+                else f"{qn(_column(name).column)} = %s" for name, step in zip(fields, steps, strict=True)]
+        where = []
+        for key in guards:
+            name, _, lookup = key.partition("__")
+            where.append(f"{qn(_column(name).column)} {_COMPARISONS[lookup]} %s")
+        sql = f"UPDATE {qn(meta.db_table)} SET {', '.join(sets)} WHERE {' AND '.join(where)}"
+        if returning:
+            sql += f" RETURNING {', '.join(qn(_column(n).column) for n in returning)}"
+        _UPDATE_SQL[shape] = sql
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         if returning:
