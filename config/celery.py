@@ -22,7 +22,12 @@ _VALUE_OPTIONS = frozenset({"-A", "--app", "-b", "--broker", "--result-backend",
 def celery_subcommand(argv: Sequence[str]) -> str | None:
     """The `celery` subcommand this process runs (`worker`, `beat`, ...), or None when the app
     is imported by anything else (Django, a test, `manage.py`)."""
-    if not argv or os.path.basename(argv[0]) not in {"celery", "__main__.py"}:
+    if not argv:
+        return None
+    program = os.path.basename(argv[0])
+    # `celery ...`, or `python -m celery ...` (argv[0] is celery's own __main__.py).
+    if program != "celery" and not (program == "__main__.py"
+                                    and os.path.basename(os.path.dirname(argv[0])) == "celery"):
         return None
     skip = False
     for token in argv[1:]:

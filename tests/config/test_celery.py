@@ -25,6 +25,7 @@ BROKER = os.environ.get("TOOLOPS_TEST_BROKER_URL", "redis://127.0.0.1:6379/15")
     (["/venv/bin/celery", "-b", "redis://x", "-A", "config", "--workdir", "/srv", "beat"], "beat"),
     (["/venv/bin/celery", "--app=config", "inspect", "ping"], "inspect"),
     (["manage.py", "beat"], None),
+    (["/venv/lib/somepkg/__main__.py", "beat"], None),
     (["/venv/bin/pytest", "tests"], None),
     ([], None),
 ])
