@@ -15,7 +15,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from ledger.errors import AcceptanceRefused, OperationNotFound
@@ -64,39 +64,42 @@ def _accept_locked(
     claim_check("result_digest", op.result_digest, result_digest)
 
     cancelled = terminal_status == TerminalStatus.CANCELLED
-    try:
-        receipt = row_insert(TerminalReceipt(
-            operation=op,
-            tenant=op.tenant,
-            call_node_id=op.call_node_id,
-            execution_epoch=op.execution_epoch,
-            terminal_status=terminal_status,
-            request_digest=op.request_digest,
-            remote_id=op.remote_id,
-            descriptor_version=op.descriptor_version,
-            cancel_generation=op.cancel_generation,
-            result_digest=op.result_digest,
-            # A cancelled call has no success payload; anything fetched joins the audit record.
-            payload=None if cancelled else op.result,
-            audit={"result_kind": op.result_kind, "late_result": op.result} if cancelled else {},
-        ))
-        row_insert(OutboxEvent(
-            receipt=receipt,
-            payload={
-                "receipt_id": receipt.pk,
-                "operation_id": str(op.id),
-                "call_node_id": op.call_node_id,
-                "execution_epoch": op.execution_epoch,
-                "terminal_status": terminal_status,
-                "result_digest": op.result_digest,
-                "payload": receipt.payload,
-            },
-        ))
-    except IntegrityError as exc:
+    # ON CONFLICT DO NOTHING rather than a caught IntegrityError: a second receipt for the call
+    # node and epoch (or the operation) is refused without aborting the transaction, so the
+    # caller's transaction goes on to record the refusal without a savepoint around this block.
+    receipt = row_insert(TerminalReceipt(
+        operation=op,
+        tenant=op.tenant,
+        call_node_id=op.call_node_id,
+        execution_epoch=op.execution_epoch,
+        terminal_status=terminal_status,
+        request_digest=op.request_digest,
+        remote_id=op.remote_id,
+        descriptor_version=op.descriptor_version,
+        cancel_generation=op.cancel_generation,
+        result_digest=op.result_digest,
+        # A cancelled call has no success payload; anything fetched joins the audit record.
+        payload=None if cancelled else op.result,
+        audit={"result_kind": op.result_kind, "late_result": op.result} if cancelled else {},
+    ), skip_conflict=True)
+    if receipt is None:
         raise AcceptanceRefused(
             f"a receipt already exists for call node {op.call_node_id} epoch {op.execution_epoch}",
             field="receipt",
-        ) from exc
+        )
+    # The receipt was inserted just now, so its one outbox row cannot conflict.
+    row_insert(OutboxEvent(
+        receipt=receipt,
+        payload={
+            "receipt_id": receipt.pk,
+            "operation_id": str(op.id),
+            "call_node_id": op.call_node_id,
+            "execution_epoch": op.execution_epoch,
+            "terminal_status": terminal_status,
+            "result_digest": op.result_digest,
+            "payload": receipt.payload,
+        },
+    ))
 
     # Shadows of this call that finished first wait for this receipt to be compared.
     shadow_comparisons_complete_locked(legacy=op, receipt=receipt)
@@ -157,8 +160,11 @@ def operation_accept_terminal_within(
 ) -> TerminalReceipt:
     """The same acceptance, inside the caller's durable transaction (the poll cycle that fetched
     and stored the result): one commit for the terminal answer, the result, the receipt and the
-    outbox row. A refusal rolls back to a savepoint, is recorded in the caller's transaction, and
-    raises AcceptanceRefused; what the caller wrote before (the stored result) stays.
+    outbox row. A refusal is raised before acceptance writes anything (the identity checks, and
+    a receipt slot already taken, which the insert skips rather than failing on), so it needs no
+    savepoint: it is recorded in the caller's transaction, and raises AcceptanceRefused; what the
+    caller wrote before (the stored result) stays. Any other database error aborts the caller's
+    transaction as a whole.
 
     `locked` is the row as the caller's guarded UPDATE in this transaction left it (its fields
     read back by that UPDATE, under its lock), which saves the select_for_update.
@@ -166,14 +172,13 @@ def operation_accept_terminal_within(
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("operation_accept_terminal_within needs the caller's transaction")
     try:
-        with transaction.atomic():
-            return _accept_locked(
-                operation_id=operation_id, call_node_id=call_node_id,
-                request_digest=request_digest, remote_id=remote_id,
-                descriptor_version=descriptor_version, execution_epoch=execution_epoch,
-                cancel_generation=cancel_generation, terminal_status=terminal_status,
-                result_digest=result_digest, locked=locked,
-            )
+        return _accept_locked(
+            operation_id=operation_id, call_node_id=call_node_id,
+            request_digest=request_digest, remote_id=remote_id,
+            descriptor_version=descriptor_version, execution_epoch=execution_epoch,
+            cancel_generation=cancel_generation, terminal_status=terminal_status,
+            result_digest=result_digest, locked=locked,
+        )
     except AcceptanceRefused as exc:
         logger.warning("acceptance refused for %s: %s", operation_id, exc.reason)
         operation_record_event(

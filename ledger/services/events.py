@@ -130,8 +130,12 @@ def event_append_many_locked(
 def operation_record_event(
     *, operation_id: uuid.UUID, kind: str, data: Mapping[str, Any] | None = None
 ) -> OperationEvent:
-    """Record an event that changes no state (a refusal, an error, an ignored observation)."""
-    with transaction.atomic():
+    """Record an event that changes no state (a refusal, an error, an ignored observation).
+
+    Inside a caller's transaction it takes no savepoint: nothing here is rolled back on its own
+    (a missing row raises before any write), and a database error fails the caller's transaction
+    as it would anyway."""
+    with transaction.atomic(savepoint=False):
         row = (
             Operation.objects.select_for_update()
             .filter(id=operation_id)

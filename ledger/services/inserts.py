@@ -10,9 +10,9 @@ so a project that hooks them keeps its hooks.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import TypeVar, overload
 
-from django.db import connections, router
+from django.db import IntegrityError, connections, router, transaction
 from django.db.models import Model
 from django.db.models.fields import AutoFieldMixin
 from django.db.models.signals import post_save, pre_save
@@ -22,13 +22,37 @@ M = TypeVar("M", bound=Model)
 # The statement's text per model, connection alias and whether the key is generated: the same
 # every time, so spelled once (quoting some forty column names per insert cost more than the
 # round trip's own Python). Whole values are stored: two threads spelling it store the same text.
-_INSERT_SQL: dict[tuple[type[Model], str, bool], str] = {}
+_INSERT_SQL: dict[tuple[type[Model], str, bool, bool], str] = {}
 
 
-def row_insert(instance: M) -> M:
-    """INSERT `instance` (a new row) and return it saved, its key set."""
+@overload
+def row_insert(instance: M) -> M: ...
+
+
+@overload
+def row_insert(instance: M, *, skip_conflict: bool) -> M | None: ...
+
+
+def row_insert(instance: M, *, skip_conflict: bool = False) -> M | None:
+    """INSERT `instance` (a new row) and return it saved, its key set.
+
+    `skip_conflict`: a row that would break a unique constraint is not inserted and None is
+    returned (`ON CONFLICT DO NOTHING`, on PostgreSQL and SQLite alike) instead of raising
+    IntegrityError. Inside a transaction that must go on after a refusal this saves the savepoint
+    a caught IntegrityError needs (PostgreSQL aborts the transaction on the error); any other
+    violation (a CHECK, a foreign key) still raises.
+    """
     model = type(instance)
     if pre_save.has_listeners(model) or post_save.has_listeners(model):
+        if skip_conflict:
+            # The ORM's save has no ON CONFLICT: a savepoint keeps the caller's transaction
+            # usable, and any IntegrityError counts as the conflict.
+            try:
+                with transaction.atomic(using=router.db_for_write(model)):
+                    instance.save(force_insert=True)
+            except IntegrityError:
+                return None
+            return instance
         instance.save(force_insert=True)
         return instance
     alias = router.db_for_write(model)
@@ -38,19 +62,26 @@ def row_insert(instance: M) -> M:
     generated = isinstance(pk, AutoFieldMixin) and getattr(instance, pk.attname) is None
     fields = [f for f in meta.concrete_fields if not (generated and f is pk)]
     values = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
-    key = (model, alias, generated)
+    key = (model, alias, generated, skip_conflict)
     sql = _INSERT_SQL.get(key)
     if sql is None:
         qn = connection.ops.quote_name
         sql = (f"INSERT INTO {qn(meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) "
                f"VALUES ({', '.join(['%s'] * len(fields))})")
+        if skip_conflict:
+            sql += " ON CONFLICT DO NOTHING"
         if generated:
             sql += f" RETURNING {qn(pk.column)}"  # type: ignore[union-attr]
         _INSERT_SQL[key] = sql
     with connection.cursor() as cursor:
         cursor.execute(sql, values)
         if generated:
-            setattr(instance, pk.attname, cursor.fetchone()[0])  # type: ignore[union-attr]
+            row = cursor.fetchone()
+            if row is None:
+                return None  # skipped: the conflict left nothing to return
+            setattr(instance, pk.attname, row[0])  # type: ignore[union-attr]
+        elif skip_conflict and cursor.rowcount == 0:
+            return None
     instance._state.adding = False
     instance._state.db = alias
     return instance

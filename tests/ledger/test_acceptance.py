@@ -225,3 +225,28 @@ def test_the_database_refuses_a_status_that_is_not_terminal_on_a_row_or_a_receip
         TerminalReceipt.objects.filter(pk=receipt.pk).update(terminal_status="working")
     receipt.refresh_from_db()
     assert receipt.terminal_status == "completed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_taken_receipt_slot_is_refused_inside_the_callers_transaction_without_a_savepoint() -> None:
+    from django.test.utils import CaptureQueriesContext
+
+    from ledger.services.acceptance import operation_accept_terminal_within
+
+    op = _fetched_op()
+    TerminalReceipt.objects.create(
+        operation=op, call_node_id=op.call_node_id, execution_epoch=op.execution_epoch,
+        terminal_status="completed", request_digest=op.request_digest, remote_id=op.remote_id,
+        descriptor_version=op.descriptor_version, cancel_generation=op.cancel_generation,
+        result_digest=op.result_digest)
+    with CaptureQueriesContext(connection) as captured, transaction.atomic(durable=True):
+        # What the caller wrote before acceptance stays, with the refusal, in one commit.
+        Operation.objects.filter(id=op.id).update(server_status_message="written before")
+        with pytest.raises(AcceptanceRefused) as refused:
+            operation_accept_terminal_within(**_claim(op))
+    assert refused.value.field == "receipt"
+    assert [q["sql"] for q in captured.captured_queries if "SAVEPOINT" in q["sql"]] == []
+    op.refresh_from_db()
+    assert op.state == State.FETCHING_RESULT and op.server_status_message == "written before"
+    assert OperationEvent.objects.filter(operation=op, kind="acceptance_refused").count() == 1
+    assert TerminalReceipt.objects.filter(operation=op).count() == 1 and not OutboxEvent.objects.exists()

@@ -35,11 +35,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 BUDGET = {"submit": 2, "working_poll": 2, "terminal_poll": 2}
 CALL_BUDGET = 6
 CLAIM_BUDGET = 1
-# Statements per step (savepoints included; the submit's insert takes none): the row, its key
-# and rollout checks and the reply at submit; the row's read and one guarded UPDATE for a working
-# poll; the row's read, one UPDATE ... RETURNING with its events, the receipt, the outbox row, the
-# shadow check and the final state with its event for the terminal poll.
-STATEMENT_BUDGET = {"submit": 7, "working_poll": 2, "terminal_poll": 10}
+# Statements per step (savepoints included; neither the submit's insert nor acceptance takes
+# one): the row, its key and rollout checks and the reply at submit; the row's read and one
+# guarded UPDATE for a working poll; the row's read, one UPDATE ... RETURNING with its events, the
+# receipt, the outbox row, the shadow check and the final state with its event for the terminal
+# poll.
+STATEMENT_BUDGET = {"submit": 7, "working_poll": 2, "terminal_poll": 8}
 
 
 @dataclass
