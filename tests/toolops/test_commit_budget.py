@@ -93,7 +93,10 @@ def test_commits_per_step_of_a_completed_call(server: ToolServer) -> None:
     with counting() as submit:
         op = operation_submit(server_name=server.name, tool_name="sleep_then_complete",
                               call_node_id="budget-1", arguments={"seconds": 1.5, "value": "ok"},
-                              ttl_ms=60_000)
+                              ttl_ms=60_000,
+                              # As the API submits under an Idempotency-Key: the key's check is
+                              # the insert's own, not a statement of its own.
+                              submission_key="budget-key-1")
     assert op.state == State.WORKING, op.state
 
     owner = _claim_one(op)

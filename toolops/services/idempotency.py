@@ -80,8 +80,8 @@ def operation_submit_idempotent(
     if not idempotency_key or len(idempotency_key) > MAX_IDEMPOTENCY_KEY_LENGTH:
         raise ToolopsError(f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} characters")
     key = submission_key_for(tenant=tenant, idempotency_key=idempotency_key)
-    # The key check runs inside the submit's first transaction (operation_submit), so a new key
-    # costs no read of its own; a taken key is read here, once.
+    # The key check is the insert's own, in the submit's first transaction (operation_submit): a
+    # new key costs no read at all; a taken key skips the insert and is read here, once.
     try:
         op = operation_submit(server_name=server_name, tool_name=tool_name,
                               call_node_id=call_node_id, arguments=args, ttl_ms=ttl_ms,

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, InterfaceError, OperationalError, transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from adapters import (
@@ -84,18 +84,20 @@ def _insert_attempt(**fields: Any) -> Operation:
     """One live attempt per call node (constraint op_one_live_attempt_per_node):
     a new attempt is possible only once every earlier one is NOT_FOUND_SAFE.
 
-    No savepoint around the INSERT (two round trips): both callers run it inside their own
-    durable transaction and let any refusal end that transaction, so nothing is run after a
-    failed statement that a savepoint would have had to rescue."""
-    try:
-        return row_insert(Operation(**fields))
-    except IntegrityError as exc:
-        if "op_one_live_attempt_per_node" not in str(exc) and "call_node_id" not in str(exc):
-            raise
-        raise SubmitRefused(
-            f"call node {fields['call_node_id']!r} already has an attempt that is not proven "
-            "never created (NOT_FOUND_SAFE); resolve it before submitting again"
-        ) from exc
+    The INSERT skips a conflict (ON CONFLICT DO NOTHING) instead of failing on it, so the key
+    check costs no statement of its own when the key is new (every submit but a replay): only
+    a skipped insert asks which unique constraint it met, the submission key (a replay, or a
+    concurrent submit with the same key that committed first: SubmissionKeyTaken) or the call
+    node's live attempt (SubmitRefused). Without a savepoint: nothing failed."""
+    op = row_insert(Operation(**fields), skip_conflict=True)
+    if op is not None:
+        return op
+    if operation_submission_key_taken(submission_key=fields["submission_key"]):
+        raise SubmissionKeyTaken(fields["submission_key"])
+    raise SubmitRefused(
+        f"call node {fields['call_node_id']!r} already has an attempt that is not proven "
+        "never created (NOT_FOUND_SAFE); resolve it before submitting again"
+    )
 
 
 def _create_row(
@@ -111,19 +113,15 @@ def _create_row(
     now = timezone.now()
     descriptor_version = tool["descriptor_digest"]
     lease = timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS))
-    try:
-        return _insert_row(
-            now=now, lease=lease, server=server, tool_name=tool_name, call_node_id=call_node_id,
-            arguments=arguments, ttl_ms=ttl_ms, mode=mode, lease_owner=lease_owner,
-            tenant=tenant, submission_key=submission_key or secrets.token_hex(16),
-            submission_digest=submission_digest, descriptor_version=descriptor_version,
-            path=path, shadow_of=shadow_of, path_locked=path_locked,
-        )
-    except IntegrityError as exc:
-        if submission_key is None:
-            raise
-        # The unique submission key is the guard: a concurrent submit with the same key won.
-        raise SubmissionKeyTaken(submission_key) from exc
+    # The unique submission key is the guard: a replay, or a concurrent submit with the same key
+    # that committed first, meets it at the insert (SubmissionKeyTaken).
+    return _insert_row(
+        now=now, lease=lease, server=server, tool_name=tool_name, call_node_id=call_node_id,
+        arguments=arguments, ttl_ms=ttl_ms, mode=mode, lease_owner=lease_owner,
+        tenant=tenant, submission_key=submission_key or secrets.token_hex(16),
+        submission_digest=submission_digest, descriptor_version=descriptor_version,
+        path=path, shadow_of=shadow_of, path_locked=path_locked,
+    )
 
 
 def _insert_row(
@@ -239,27 +237,35 @@ def operation_submit(
                       "arguments": arguments}, field="submission")
     owner = f"submit-{uuid.uuid4().hex[:12]}"
     # The first commit: everything the row is decided from is read inside it, and the key check
-    # (a replay under an idempotency key) runs against the same snapshot the insert guards.
+    # (a replay under an idempotency key) is the insert's own: a key already taken skips the
+    # insert (SubmissionKeyTaken), with no read of its own ahead of it.
     with _ledger_write("recording the submission"), transaction.atomic(durable=True):
         server = _server_for(server_name=server_name, tenant=tenant)
-        if submission_key is not None and operation_submission_key_taken(submission_key=submission_key):
-            raise SubmissionKeyTaken(submission_key)
-        if not call_node_id:
-            raise SubmitRefused("a call node id is required")
-        args = dict(arguments or {})
-        mode, tool = _choose_mode(server=server, tool_name=tool_name)
-        # The canary and the rollback switch pick the executor path.
-        # Read under the lock the insert needs: the path is chosen from rows no rollback can
-        # change before this transaction commits.
-        config = rollout_config_locked(server=server, tool_name=tool_name)
-        route = rollout_route(server=server, tool_name=tool_name, tool=tool, call_node_id=call_node_id,
-                              mode=mode, offers_tasks=server_offers_tasks(server=server), config=config)
-        op = _create_row(
-            server=server, tool_name=tool_name, tool=tool, call_node_id=call_node_id, arguments=args,
-            ttl_ms=_ttl_for(ttl_ms=ttl_ms, mode=route.mode), mode=route.mode, lease_owner=owner,
-            path=route.path, tenant=tenant, submission_key=submission_key,
-            submission_digest=submission_digest, path_locked=True,
-        )
+        try:
+            if not call_node_id:
+                raise SubmitRefused("a call node id is required")
+            args = dict(arguments or {})
+            mode, tool = _choose_mode(server=server, tool_name=tool_name)
+            # The canary and the rollback switch pick the executor path.
+            # Read under the lock the insert needs: the path is chosen from rows no rollback can
+            # change before this transaction commits.
+            config = rollout_config_locked(server=server, tool_name=tool_name)
+            route = rollout_route(server=server, tool_name=tool_name, tool=tool,
+                                  call_node_id=call_node_id, mode=mode,
+                                  offers_tasks=server_offers_tasks(server=server), config=config)
+            op = _create_row(
+                server=server, tool_name=tool_name, tool=tool, call_node_id=call_node_id,
+                arguments=args, ttl_ms=_ttl_for(ttl_ms=ttl_ms, mode=route.mode), mode=route.mode,
+                lease_owner=owner, path=route.path, tenant=tenant, submission_key=submission_key,
+                submission_digest=submission_digest, path_locked=True,
+            )
+        except SubmitRefused as exc:
+            # A replay is answered with what its first submit recorded, whatever a new one would
+            # meet now (a tool gone, a draining adapter, a rolled-back path): the key decides.
+            if submission_key is not None and operation_submission_key_taken(
+                    submission_key=submission_key):
+                raise SubmissionKeyTaken(submission_key) from exc
+            raise
     # The send, then the second commit: the reply.
     op = _send_and_record(op=op, server=server, owner=owner)
     if route.shadow:

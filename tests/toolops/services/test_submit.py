@@ -47,3 +47,36 @@ def test_the_rest_submit_answers_503_with_the_reason(
                                                 "arguments": {"seconds": 0.2, "value": "x"}}, format="json")
     assert response.status_code == 503, response.content
     assert response.json()["error"] == "LedgerUnavailable"
+
+
+def test_a_replay_is_answered_from_its_key_even_where_a_new_submit_is_refused(
+        server: ToolServer, mcp_url: str) -> None:
+    from toolops import api
+    from toolops.errors import SubmitRefused
+    from toolops.services.adapters_admin import adapter_set_status
+
+    call = {"server": server.name, "tool": "sleep_then_complete", "call_node_id": "replay-1",
+            "arguments": {"seconds": 0.2, "value": "x"}, "idempotency_key": "replay-1/try-1"}
+    first = api.submit_call(**call)
+    adapter_set_status(version=server.adapter_version, status="draining", reason="test")
+    try:
+        # The key decides: the replay gets what its first submit recorded, nothing is sent.
+        assert api.submit_call(**call).id == first.id
+        with pytest.raises(SubmitRefused):
+            api.submit_call(**{**call, "call_node_id": "replay-2", "idempotency_key": "replay-2/try-1"})
+    finally:
+        adapter_set_status(version=server.adapter_version, status="enabled")
+    assert Operation.objects.count() == 1
+    assert peer_stats(mcp_url)["submission_keys"][Operation.objects.get().submission_key] == 1
+
+
+def test_a_second_live_attempt_of_a_call_node_is_refused_at_the_insert(server: ToolServer) -> None:
+    from toolops.errors import SubmitRefused
+
+    operation_submit(server_name=server.name, tool_name="sleep_then_complete",
+                     call_node_id="node-1", arguments={"seconds": 0.2, "value": "x"})
+    with pytest.raises(SubmitRefused, match="already has an attempt"):
+        operation_submit(server_name=server.name, tool_name="sleep_then_complete",
+                         call_node_id="node-1", arguments={"seconds": 0.2, "value": "x"},
+                         submission_key="another-key")
+    assert Operation.objects.count() == 1
