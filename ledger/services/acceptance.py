@@ -23,7 +23,12 @@ from ledger.models import InputRequest, Operation, OperationEvent, OutboxEvent, 
 from ledger.services.events import operation_record_event
 from ledger.services.inserts import row_insert
 from ledger.services.shadow import shadow_comparisons_complete_locked
-from ledger.services.terminal import claim_check, final_state_for, operation_finalize_locked
+from ledger.services.terminal import (
+    claim_check,
+    final_state_for,
+    operation_finalize_locked,
+    operation_finalized_event_locked,
+)
 from ledger.states import TerminalStatus
 
 logger = logging.getLogger("ledger.acceptance")
@@ -41,9 +46,13 @@ def _accept_locked(
     terminal_status: str,
     result_digest: str,
     locked: Operation | None = None,
+    written_final: bool = False,
 ) -> TerminalReceipt:
     # `locked`: the caller's guarded UPDATE in this transaction already locked the row and read
     # its fields back (RETURNING); the checks below run against those, not against the claim.
+    # `written_final`: that UPDATE also wrote the final state (from `locked.state`, as it was
+    # before), so only the `accepted` event is left to write; a refusal then leaves the caller's
+    # transaction holding a final state without a receipt, which the caller must roll back.
     op = locked if locked is not None else (
         Operation.objects.select_for_update().filter(id=operation_id).first())
     if op is None:
@@ -110,11 +119,15 @@ def _accept_locked(
     if op.input_round:
         input_rounds_withdraw(operation_id=op.id)
     now = timezone.now()
-    operation_finalize_locked(
-        op=op, final_state=final_state, terminal_status=terminal_status, event_kind="accepted",
-        event_data={"receipt_id": receipt.pk, "terminal_status": terminal_status,
-                    **_cancel_figures(op=op, cancelled=cancelled, now=now)},
-    )
+    event_data = {"receipt_id": receipt.pk, "terminal_status": terminal_status,
+                  **_cancel_figures(op=op, cancelled=cancelled, now=now)}
+    if written_final:
+        operation_finalized_event_locked(op=op, final_state=final_state,
+                                         terminal_status=terminal_status, event_kind="accepted",
+                                         event_data=event_data)
+    else:
+        operation_finalize_locked(op=op, final_state=final_state, terminal_status=terminal_status,
+                                  event_kind="accepted", event_data=event_data)
     return receipt
 
 
@@ -157,6 +170,7 @@ def operation_accept_terminal_within(
     terminal_status: str,
     result_digest: str,
     locked: Operation | None = None,
+    written_final: bool = False,
 ) -> TerminalReceipt:
     """The same acceptance, inside the caller's durable transaction (the poll cycle that fetched
     and stored the result): one commit for the terminal answer, the result, the receipt and the
@@ -168,6 +182,11 @@ def operation_accept_terminal_within(
 
     `locked` is the row as the caller's guarded UPDATE in this transaction left it (its fields
     read back by that UPDATE, under its lock), which saves the select_for_update.
+
+    `written_final`: that UPDATE also wrote the final state (one row version fewer); `locked`
+    carries the state it came from, every check runs as above, and only the `accepted` event is
+    written here. A refusal is then not recorded here: the caller's transaction holds a final
+    state without a receipt and must be rolled back, and the caller records the refusal after.
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("operation_accept_terminal_within needs the caller's transaction")
@@ -177,9 +196,11 @@ def operation_accept_terminal_within(
             request_digest=request_digest, remote_id=remote_id,
             descriptor_version=descriptor_version, execution_epoch=execution_epoch,
             cancel_generation=cancel_generation, terminal_status=terminal_status,
-            result_digest=result_digest, locked=locked,
+            result_digest=result_digest, locked=locked, written_final=written_final,
         )
     except AcceptanceRefused as exc:
+        if written_final:
+            raise
         logger.warning("acceptance refused for %s: %s", operation_id, exc.reason)
         operation_record_event(
             operation_id=operation_id, kind="acceptance_refused",

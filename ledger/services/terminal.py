@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from ledger.errors import AcceptanceRefused
 from ledger.models import Operation
+from ledger.services.events import event_append_locked
 from ledger.services.schedule import schedule_cleared
 from ledger.services.transitions import operation_transition
 from ledger.states import State, TerminalStatus
@@ -58,5 +59,24 @@ def operation_finalize_locked(
     op.state = final_state
     op.terminal_status = terminal_status
     for name, value in schedule_cleared().items():  # the in-memory row mirrors what was written
+        setattr(op, name, value)
+    op.updated_at = timezone.now()
+
+
+def operation_finalized_event_locked(
+    *, op: Operation, final_state: State, terminal_status: str, event_kind: str,
+    event_data: Mapping[str, Any],
+) -> None:
+    """The event of a final state the caller's guarded UPDATE already wrote in this transaction
+    (its state table check included: operation_transition_path), from `op.state`; the in-memory
+    row then mirrors what was written, as after operation_finalize_locked."""
+    event_append_locked(
+        operation_id=op.id, kind=event_kind, from_state=op.state, to_state=final_state,
+        server_state=op.server_state, execution_epoch=op.execution_epoch,
+        cancel_generation=op.cancel_generation, data=event_data,
+    )
+    op.state = final_state
+    op.terminal_status = terminal_status
+    for name, value in schedule_cleared().items():
         setattr(op, name, value)
     op.updated_at = timezone.now()

@@ -241,10 +241,14 @@ def operation_update_guarded(
 
 @dataclass(frozen=True)
 class Hop:
-    """One move of a path (operation_transition_path); to the same state it is an event only."""
+    """One move of a path (operation_transition_path); to the same state it is an event only.
+
+    `event_kind` None: the move is written without an event of its own, which the caller writes
+    later in the same transaction (acceptance's `accepted` event names the receipt, which is
+    inserted after the row is locked). Only the last hop may leave its event to the caller."""
 
     to_state: State
-    event_kind: str
+    event_kind: str | None
     event_data: Mapping[str, Any] | None = None
 
 
@@ -273,6 +277,8 @@ def operation_transition_path(
         if hop.to_state != at and hop.to_state not in TRANSITIONS[at]:
             raise IllegalTransition(f"{at} -> {hop.to_state} is not in the state table")
         at = hop.to_state
+    if any(hop.event_kind is None for hop in hops[:-1]):
+        raise ValueError("only the last hop of a path may leave its event to the caller")
     fields: dict[str, Any] = dict(updates)
     if "state" in fields or "execution_epoch" in fields:
         raise ValueError("state and execution_epoch change only through their own services")
@@ -291,8 +297,9 @@ def operation_transition_path(
                   for name, value in zip(read_back, row, strict=True)}
         events, hop_from = [], src
         for hop in hops:
-            events.append(EventSpec(kind=hop.event_kind, from_state=hop_from, to_state=hop.to_state,
-                                    data=hop.event_data))
+            if hop.event_kind is not None:
+                events.append(EventSpec(kind=hop.event_kind, from_state=hop_from,
+                                        to_state=hop.to_state, data=hop.event_data))
             hop_from = hop.to_state
         event_append_many_locked(
             operation_id=operation_id, events=events, execution_epoch=execution_epoch,

@@ -37,10 +37,10 @@ CALL_BUDGET = 6
 CLAIM_BUDGET = 1
 # Statements per step (savepoints included; neither the submit's insert nor acceptance takes
 # one): the row, its key and rollout checks and the reply at submit; the row's read and one
-# guarded UPDATE for a working poll; the row's read, one UPDATE ... RETURNING with its events, the
-# receipt, the outbox row, the shadow check and the final state with its event for the terminal
-# poll.
-STATEMENT_BUDGET = {"submit": 7, "working_poll": 2, "terminal_poll": 8}
+# guarded UPDATE for a working poll; the row's read, one UPDATE ... RETURNING that writes the
+# status, the result and the final state, its events, the receipt, the outbox row, the shadow
+# check and the accepted event for the terminal poll.
+STATEMENT_BUDGET = {"submit": 7, "working_poll": 2, "terminal_poll": 7}
 
 
 @dataclass

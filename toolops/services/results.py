@@ -29,7 +29,7 @@ from ledger.models import Operation
 from ledger.selectors.rows import operation_load
 from ledger.services.acceptance import operation_accept_terminal_within
 from ledger.services.events import operation_record_event
-from ledger.services.schedule import RELEASE, schedule_now
+from ledger.services.schedule import RELEASE, schedule_cleared, schedule_now
 from ledger.services.shadow import operation_accept_shadow_terminal
 from ledger.services.transitions import (
     Hop,
@@ -285,16 +285,30 @@ def operation_settle_terminal(
         fetched, failed = _fetch(op=op, lease_owner=lease_owner, seen=seen)
         if failed is not None:
             return failed
-    with transaction.atomic(durable=True):
-        verdict = None
-        if seen is not None and not op.result_digest and not op.shadow:
-            settled, verdict = _settle_in_one_write(op=op, lease_owner=lease_owner, seen=seen,
-                                                    fetched=fetched)
-            if settled is not None:
-                return settled
-        _record_seen_locked(op=op, lease_owner=lease_owner, seen=seen)
-        return _store_and_accept_locked(op=op, lease_owner=lease_owner, fetched=fetched,
-                                        verdict=verdict)
+    before = copy.copy(op)  # the one write below mutates `op`; a rolled-back try starts over
+    try:
+        with transaction.atomic(durable=True):
+            verdict = None
+            if seen is not None and not op.result_digest and not op.shadow:
+                settled, verdict = _settle_in_one_write(op=op, lease_owner=lease_owner, seen=seen,
+                                                        fetched=fetched)
+                if settled is not None:
+                    return settled
+            _record_seen_locked(op=op, lease_owner=lease_owner, seen=seen)
+            return _store_and_accept_locked(op=op, lease_owner=lease_owner, fetched=fetched,
+                                            verdict=verdict)
+    except _OneWriteRefused:
+        # Acceptance refused what the one write had already made final: that transaction is
+        # rolled back whole, and the step-by-step path records the status, the result and why
+        # acceptance refuses (it asks the acceptance point again, which records the refusal).
+        op = before
+        with transaction.atomic(durable=True):
+            _record_seen_locked(op=op, lease_owner=lease_owner, seen=seen)
+            return _store_and_accept_locked(op=op, lease_owner=lease_owner, fetched=fetched)
+
+
+class _OneWriteRefused(Exception):
+    """Acceptance refused a row the one write had already moved to its final state."""
 
 
 # Read back from the row by the one write of the common cycle, under the lock that write takes:
@@ -307,11 +321,13 @@ _LOCKED_FIELDS = ("call_node_id", "request_digest", "remote_id", "descriptor_ver
 def _settle_in_one_write(*, op: Operation, lease_owner: str, seen: _Seen,
                          fetched: FetchedResult | None) -> tuple[str | None, DefenseVerdict | None]:
     """The common cycle (a terminal status just seen, its result fetched and clean): the status,
-    the result, FETCHING_RESULT and their three events in one guarded UPDATE and one INSERT, then
-    acceptance against the values that UPDATE read back. The same rows and events as the
-    step-by-step path, in five statements fewer. (None, verdict) hands anything else (a result
-    that does not fit the status, or that the defense rejects) to the step-by-step path, which
-    records why.
+    the result and the final state in one guarded UPDATE (one new version of the wide row, not
+    two), the three events of the way there in one INSERT, then acceptance against the values
+    that UPDATE read back, which writes the receipt, the outbox row and the `accepted` event. The
+    same rows and events as the step-by-step path, in six statements fewer. (None, verdict) hands
+    anything else (a result that does not fit the status, or that the defense rejects) to the
+    step-by-step path, which records why; a refused acceptance raises _OneWriteRefused, so that
+    the caller rolls the final state back and records the refusal step by step.
     """
     task = seen.task
     try:
@@ -329,8 +345,9 @@ def _settle_in_one_write(*, op: Operation, lease_owner: str, seen: _Seen,
         "result": stored, "result_kind": stored["kind"], "result_digest": digest,
         "terminal_status": task.status, "server_state": task.status,
         "server_status_message": task.status_message or "", "poll_interval_ms": task.poll_interval_ms,
-        # Stays due under our lease until acceptance clears it, as on the step-by-step path.
-        **schedule_now(release=False),
+        # Final: no next poll and no lease (acceptance follows in this transaction, or it rolls
+        # back whole).
+        **schedule_cleared(),
     }
     if seen.remote_id is not None:
         updates["remote_id"] = seen.remote_id
@@ -347,12 +364,15 @@ def _settle_in_one_write(*, op: Operation, lease_owner: str, seen: _Seen,
             Hop(to_state=State.FETCHING_RESULT, event_kind="result_fetched",
                 event_data={"result_digest": digest, "kind": stored["kind"],
                             "is_error": stored["is_error"]}),
+            # Acceptance writes this move's event: it names the receipt inserted below.
+            Hop(to_state=State.ACCEPTED, event_kind=None),
         ],
     )
     # The claim is what this worker loaded and computed; the locked row is what the UPDATE found.
     claim = copy.copy(op)
     if seen.remote_id is not None:
         claim.remote_id = seen.remote_id
+    # Acceptance checks the row as it was before the final move (FETCHING_RESULT, digested).
     _apply(op, {**updates, **locked, "state": State.FETCHING_RESULT})
     try:
         receipt = operation_accept_terminal_within(
@@ -360,9 +380,10 @@ def _settle_in_one_write(*, op: Operation, lease_owner: str, seen: _Seen,
             call_node_id=claim.call_node_id, request_digest=claim.request_digest,
             remote_id=claim.remote_id, descriptor_version=claim.descriptor_version,
             execution_epoch=claim.execution_epoch, cancel_generation=claim.cancel_generation,
+            written_final=True,
         )
-    except AcceptanceRefused:
-        return "acceptance_refused", None
+    except AcceptanceRefused as exc:
+        raise _OneWriteRefused(exc.reason) from exc
     return f"accepted:{receipt.terminal_status}", None
 
 
