@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections, router, transaction
+from django.db.models.signals import post_save, pre_save
 from django.utils import timezone
 
 from ledger.errors import OperationNotFound
 from ledger.models import Operation, OperationEvent
+from ledger.services.inserts import row_insert, row_insert_statement
 
 
 @functools.cache
@@ -154,3 +156,59 @@ def operation_record_event(
             server_state=row["server_state"],
             data=data,
         )
+
+
+_FIRST_EVENT_SQL: dict[tuple[str, str], str] = {}
+
+
+def operation_insert_with_first_event(
+    *, op: Operation, kind: str, data: Mapping[str, Any] | None = None,
+) -> Operation | None:
+    """INSERT a new operation row and its first event (sequence 1, into `op.state`), or neither:
+    None when the row met a unique constraint (`ON CONFLICT DO NOTHING`, as
+    row_insert(skip_conflict=True)).
+
+    On PostgreSQL one statement: the event's INSERT reads the operation's from a data-modifying
+    CTE, so a skipped row writes no event. The sequence number is 1 without a read: the row is
+    new, and no other transaction can append to it before this one commits (its key is unknown
+    until then and its row lock is this statement's). Elsewhere (SQLite, or a project listening
+    to the models' save signals) the same two writes as two statements."""
+    event = OperationEvent(
+        operation_id=op.id, kind=kind, from_state="", to_state=op.state,
+        server_state=op.server_state, execution_epoch=op.execution_epoch,
+        cancel_generation=op.cancel_generation, data=dict(data or {}), created_at=timezone.now(),
+    )
+    connection = connections[router.db_for_write(Operation)]
+    hooked = any(signal.has_listeners(model) for signal in (pre_save, post_save)
+                 for model in (Operation, OperationEvent))
+    if connection.vendor != "postgresql" or hooked or router.db_for_write(OperationEvent) != connection.alias:
+        inserted = row_insert(op, skip_conflict=True)
+        if inserted is not None:
+            event_append_locked(operation_id=op.id, kind=kind, to_state=op.state,
+                                server_state=op.server_state, execution_epoch=op.execution_epoch,
+                                cancel_generation=op.cancel_generation, data=data)
+        return inserted
+    alias, op_sql, op_values, generated = row_insert_statement(op, skip_conflict=True)
+    assert not generated  # the operation's key is a UUID chosen here, never the database's
+    columns = [f for f in _event_columns() if f.attname != "operation_id"]
+    values = [f.get_db_prep_save(getattr(event, f.attname), connection) for f in columns]
+    meta = Operation._meta
+    key = (alias, op_sql)
+    sql = _FIRST_EVENT_SQL.get(key)
+    if sql is None:
+        qn = connection.ops.quote_name
+        pk = qn(meta.pk.column)  # type: ignore[union-attr]
+        event_columns = [OperationEvent._meta.get_field("operation").column, *(f.column for f in columns)]
+        sql = _FIRST_EVENT_SQL[key] = (
+            f"WITH o AS ({op_sql} RETURNING {pk}) "
+            f"INSERT INTO {qn(OperationEvent._meta.db_table)} "
+            f"({', '.join(qn(c) for c in event_columns)}, {qn('seq')}) "
+            f"SELECT o.{pk}, {', '.join(['%s'] * len(columns))}, 1 FROM o RETURNING {qn('id')}"
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*op_values, *values])
+        if cursor.fetchone() is None:
+            return None  # the operation met a unique constraint: neither row was written
+    op._state.adding = False
+    op._state.db = alias
+    return op

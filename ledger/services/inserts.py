@@ -10,7 +10,7 @@ so a project that hooks them keeps its hooks.
 
 from __future__ import annotations
 
-from typing import TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from django.db import IntegrityError, connections, router, transaction
 from django.db.models import Model
@@ -55,6 +55,29 @@ def row_insert(instance: M, *, skip_conflict: bool = False) -> M | None:
             return instance
         instance.save(force_insert=True)
         return instance
+    alias, sql, values, generated = row_insert_statement(instance, skip_conflict=skip_conflict)
+    connection = connections[alias]
+    pk = model._meta.pk
+    with connection.cursor() as cursor:
+        cursor.execute(sql, values)
+        if generated:
+            row = cursor.fetchone()
+            if row is None:
+                return None  # skipped: the conflict left nothing to return
+            setattr(instance, pk.attname, row[0])  # type: ignore[union-attr]
+        elif skip_conflict and cursor.rowcount == 0:
+            return None
+    instance._state.adding = False
+    instance._state.db = alias
+    return instance
+
+
+def row_insert_statement(instance: Model, *, skip_conflict: bool = False
+                         ) -> tuple[str, str, list[Any], bool]:
+    """The INSERT of `instance` as row_insert sends it: (alias, SQL, values, whether the key is
+    generated and read back with RETURNING), with the instance's `pre_save` values (timestamps)
+    set on it. For a caller that sends it inside a larger statement (a CTE)."""
+    model = type(instance)
     alias = router.db_for_write(model)
     connection = connections[alias]
     meta = model._meta
@@ -73,15 +96,4 @@ def row_insert(instance: M, *, skip_conflict: bool = False) -> M | None:
         if generated:
             sql += f" RETURNING {qn(pk.column)}"  # type: ignore[union-attr]
         _INSERT_SQL[key] = sql
-    with connection.cursor() as cursor:
-        cursor.execute(sql, values)
-        if generated:
-            row = cursor.fetchone()
-            if row is None:
-                return None  # skipped: the conflict left nothing to return
-            setattr(instance, pk.attname, row[0])  # type: ignore[union-attr]
-        elif skip_conflict and cursor.rowcount == 0:
-            return None
-    instance._state.adding = False
-    instance._state.db = alias
-    return instance
+    return alias, sql, values, generated

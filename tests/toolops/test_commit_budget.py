@@ -40,7 +40,7 @@ CLAIM_BUDGET = 1
 # guarded UPDATE for a working poll; the row's read, one UPDATE ... RETURNING that writes the
 # status, the result and the final state, its events, the receipt, the outbox row, the shadow
 # check and the accepted event for the terminal poll.
-STATEMENT_BUDGET = {"submit": 7, "working_poll": 2, "terminal_poll": 7}
+STATEMENT_BUDGET = {"submit": 6, "working_poll": 2, "terminal_poll": 7}
 
 
 @dataclass

@@ -13,7 +13,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,8 +33,7 @@ from ledger.digests import request_digest
 from ledger.errors import IllegalTransition
 from ledger.models import Operation, ToolServer
 from ledger.selectors.rows import operation_submission_key_taken, server_load
-from ledger.services.events import event_append_locked
-from ledger.services.inserts import row_insert
+from ledger.services.events import operation_insert_with_first_event
 from ledger.services.schedule import RELEASE, schedule_at, schedule_leased, schedule_now
 from ledger.services.transitions import operation_transition
 from ledger.states import State, TerminalStatus
@@ -80,16 +79,17 @@ def _choose_mode(*, server: ToolServer, tool_name: str) -> tuple[str, dict[str, 
     )
 
 
-def _insert_attempt(**fields: Any) -> Operation:
+def _insert_attempt(*, created: Mapping[str, Any], **fields: Any) -> Operation:
     """One live attempt per call node (constraint op_one_live_attempt_per_node):
-    a new attempt is possible only once every earlier one is NOT_FOUND_SAFE.
+    a new attempt is possible only once every earlier one is NOT_FOUND_SAFE. The row and its
+    `created` event (`created`: its data) are one statement on PostgreSQL.
 
     The INSERT skips a conflict (ON CONFLICT DO NOTHING) instead of failing on it, so the key
     check costs no statement of its own when the key is new (every submit but a replay): only
     a skipped insert asks which unique constraint it met, the submission key (a replay, or a
     concurrent submit with the same key that committed first: SubmissionKeyTaken) or the call
     node's live attempt (SubmitRefused). Without a savepoint: nothing failed."""
-    op = row_insert(Operation(**fields), skip_conflict=True)
+    op = operation_insert_with_first_event(op=Operation(**fields), kind="created", data=created)
     if op is not None:
         return op
     if operation_submission_key_taken(submission_key=fields["submission_key"]):
@@ -136,7 +136,9 @@ def _insert_row(
     if not path_locked:
         # A rollback that committed after the path was chosen wins (toolops/services/rollout.py).
         rollout_assert_path_open_locked(server=server, tool_name=tool_name, path=path)
-    op = _insert_attempt(
+    return _insert_attempt(
+        created={"submission_key": submission_key, "mode": mode, "path": path,
+                 **({"shadow_of": str(shadow_of.id)} if shadow_of is not None else {})},
         executor_path=path,
         shadow=shadow_of is not None,
         shadow_of=shadow_of,
@@ -160,13 +162,6 @@ def _insert_row(
         ttl_ms=ttl_ms,
         expires_at=now + timedelta(seconds=float(settings.TOOLOPS_WAIT_BUDGET_SECONDS)),
     )
-    event_append_locked(
-        operation_id=op.id, kind="created", to_state=State.SUBMITTING,
-        execution_epoch=op.execution_epoch, cancel_generation=op.cancel_generation,
-        data={"submission_key": op.submission_key, "mode": mode, "path": path,
-              **({"shadow_of": str(shadow_of.id)} if shadow_of is not None else {})},
-    )
-    return op
 
 
 def _send_once(adapter: TaskAdapter, *, op: Operation, server: ToolServer
