@@ -173,21 +173,22 @@ def operation_insert_with_first_event(
     new, and no other transaction can append to it before this one commits (its key is unknown
     until then and its row lock is this statement's). Elsewhere (SQLite, or a project listening
     to the models' save signals) the same two writes as two statements."""
-    event = OperationEvent(
-        operation_id=op.id, kind=kind, from_state="", to_state=op.state,
-        server_state=op.server_state, execution_epoch=op.execution_epoch,
-        cancel_generation=op.cancel_generation, data=dict(data or {}), created_at=timezone.now(),
-    )
     connection = connections[router.db_for_write(Operation)]
     hooked = any(signal.has_listeners(model) for signal in (pre_save, post_save)
                  for model in (Operation, OperationEvent))
-    if connection.vendor != "postgresql" or hooked or router.db_for_write(OperationEvent) != connection.alias:
+    if (connection.vendor != "postgresql" or hooked
+            or router.db_for_write(OperationEvent) != connection.alias):
         inserted = row_insert(op, skip_conflict=True)
         if inserted is not None:
             event_append_locked(operation_id=op.id, kind=kind, to_state=op.state,
                                 server_state=op.server_state, execution_epoch=op.execution_epoch,
                                 cancel_generation=op.cancel_generation, data=data)
         return inserted
+    event = OperationEvent(
+        operation_id=op.id, kind=kind, from_state="", to_state=op.state,
+        server_state=op.server_state, execution_epoch=op.execution_epoch,
+        cancel_generation=op.cancel_generation, data=dict(data or {}), created_at=timezone.now(),
+    )
     alias, op_sql, op_values, generated = row_insert_statement(op, skip_conflict=True)
     assert not generated  # the operation's key is a UUID chosen here, never the database's
     columns = [f for f in _event_columns() if f.attname != "operation_id"]
