@@ -56,11 +56,7 @@ def operation_finalize_locked(
         event_kind=event_kind, event_data=event_data,
         known={"cancel_generation": op.cancel_generation, "server_state": op.server_state},
     )
-    op.state = final_state
-    op.terminal_status = terminal_status
-    for name, value in schedule_cleared().items():  # the in-memory row mirrors what was written
-        setattr(op, name, value)
-    op.updated_at = timezone.now()
+    _mirror_final(op=op, final_state=final_state, terminal_status=terminal_status)
 
 
 def operation_finalized_event_locked(
@@ -75,6 +71,11 @@ def operation_finalized_event_locked(
         server_state=op.server_state, execution_epoch=op.execution_epoch,
         cancel_generation=op.cancel_generation, data=event_data,
     )
+    _mirror_final(op=op, final_state=final_state, terminal_status=terminal_status)
+
+
+def _mirror_final(*, op: Operation, final_state: State, terminal_status: str) -> None:
+    """The in-memory row mirrors what the final write stored."""
     op.state = final_state
     op.terminal_status = terminal_status
     for name, value in schedule_cleared().items():
