@@ -23,16 +23,28 @@ The observed-rate figures (total, per purpose, peak in one second) are counted b
 in Redis, not in a SQL table: a row per request would add one INSERT to every poll (the hottest
 path), while an INCR inside the script we already run costs no extra round trip. The peak is kept
 as a running maximum over calendar seconds, so the report reads three small keys per server.
+
+The line: a refused caller that names itself (`holder`, the operation's id) is given a slot, the
+next free one after everybody refused before it, spaced one token interval apart, and is told to
+come back exactly then (its row is rescheduled to the slot; toolops.services.schedule). A caller
+whose slot has come takes the token ahead of anyone who just arrived, and a newcomer that finds
+people waiting joins the end of the line even when a token happens to be there. So under a
+saturated cap a row is refused about once per request it sends, in the order it first asked,
+instead of coming back at a random time to be refused again: each refusal is a claim, a row load
+and a write, and with random retries most of a saturated server's claims were refusals. Callers
+that name no holder (a follow-up, a call a person waits on, the door before a server has a row)
+stand outside the line, as before: they take a token when there is one. The line holds no token
+for anyone (a slot is a time, not a reservation), so it can never let a request through above
+the cap; a holder that finds no token at its slot goes to the end of the line again.
 """
 
 from __future__ import annotations
 
-import atexit
 import math
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from django.conf import settings
 
@@ -40,57 +52,12 @@ from django.conf import settings
 SECOND_COUNTER_TTL_SECONDS = 10
 # A bucket idle this long has refilled anyway; letting Redis drop it keeps the keyspace small.
 BUCKET_TTL_SECONDS = 3600
-
-_TAKE_SCRIPT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local sec = t[1]
-local rate = tonumber(ARGV[1])
-local burst = tonumber(ARGV[2])
-local b = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
-local tokens = tonumber(b[1])
-local ts = tonumber(b[2])
-if tokens == nil or ts == nil then
-  tokens = burst
-  ts = now
-end
-if now > ts then
-  tokens = math.min(burst, tokens + (now - ts) * rate)
-  ts = now
-end
-if tokens >= 1 then
-  tokens = tokens - 1
-  redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(ts))
-  redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
-  local ck = KEYS[3] .. sec
-  local c = redis.call('INCR', ck)
-  redis.call('EXPIRE', ck, tonumber(ARGV[5]))
-  redis.call('HINCRBY', KEYS[2], 'total', 1)
-  redis.call('HINCRBY', KEYS[2], 'purpose:' .. ARGV[3], 1)
-  local peak = tonumber(redis.call('HGET', KEYS[2], 'peak') or '0')
-  if c > peak then
-    redis.call('HSET', KEYS[2], 'peak', c, 'peak_at', sec)
-  end
-  return {1, '0', '0'}
-end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(ts))
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
-local dk = KEYS[4] .. sec
-local d = redis.call('INCR', dk)
-redis.call('EXPIRE', dk, tonumber(ARGV[5]))
-redis.call('HINCRBY', KEYS[2], 'denied', 1)
-return {0, tostring((1 - tokens) / rate), tostring(d)}
-"""
-
-
-_SPEND_SCRIPT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-redis.call('HSET', KEYS[1], 'tokens', '0', 'ts', tostring(now))
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
-return 1
-"""
-
+# A holder that has not come back this long after its slot was served some other way (its row
+# ended, or was cancelled): its slot is forgotten, and if it does ask again it is a newcomer.
+SLOT_FORGET_SECONDS = 300.0
+# A holder this close before its slot is at its slot: slots are float sums (and Redis keeps 14
+# digits), and a holder's turn never admits a request on its own (the token must be there too).
+SLOT_TOLERANCE_SECONDS = 0.001
 
 @dataclass(frozen=True)
 class Take:
@@ -101,6 +68,9 @@ class Take:
     # Refusals in the current second (this one included): callers spread their retries over the
     # time the bucket needs to serve them all, instead of all coming back at the same instant.
     refused_this_second: int = 0
+    # The refused holder has a slot in the line (see the module doc) `wait_s` from now: it comes
+    # back exactly then, with no spread of its own.
+    queued: bool = False
 
 
 @dataclass
@@ -115,7 +85,10 @@ class BucketStats:
 
 
 class TokenBucket(Protocol):
-    def take(self, *, key: str, rate: float, purpose: str) -> Take: ...
+    def take(self, *, key: str, rate: float, purpose: str, holder: str | None = None) -> Take:
+        """One token, or a refusal naming when to come back; `holder` (an operation id) queues
+        the caller in the line when refused, `None` keeps it outside the line."""
+        ...
 
     def stats(self, *, key: str) -> BucketStats: ...
 
@@ -132,7 +105,7 @@ class TokenBucket(Protocol):
         ...
 
 
-def _burst() -> float:
+def qps_burst() -> float:
     return float(getattr(settings, "TOOLOPS_QPS_BURST", 1.0))
 
 
@@ -154,68 +127,6 @@ def wire_rate(*, cap: float) -> float:
     return 1.0 / interval
 
 
-class RedisTokenBucket:
-    """The fleet bucket: one atomic script per take."""
-
-    def __init__(self, *, url: str, prefix: str = "toolops:qps") -> None:
-        import redis
-
-        self._redis: Any = redis.Redis.from_url(url)
-        # Close the pool while the interpreter is still whole: redis-py's __del__ at shutdown
-        # runs after `os` is torn down and prints a spurious traceback.
-        atexit.register(self._shutdown)
-        self._script: Any = self._redis.register_script(_TAKE_SCRIPT)
-        self._spend_script: Any = self._redis.register_script(_SPEND_SCRIPT)
-        self._prefix = prefix
-
-    def _shutdown(self) -> None:
-        # Drop every reference (the script holds the client too) so the client is collected now,
-        # not by its __del__ during interpreter teardown.
-        self._redis.close()
-        self._script = None
-        self._spend_script = None
-        self._redis = None
-
-    def _keys(self, key: str) -> list[str]:
-        base = f"{self._prefix}:{key}"
-        return [f"{base}:bucket", f"{base}:stats", f"{base}:sec:", f"{base}:denied:"]
-
-    def take(self, *, key: str, rate: float, purpose: str) -> Take:
-        granted, wait, refused = self._script(
-            keys=self._keys(key),
-            args=[repr(float(rate)), repr(_burst()), purpose, BUCKET_TTL_SECONDS,
-                  SECOND_COUNTER_TTL_SECONDS],
-        )
-        return Take(granted=bool(int(granted)), wait_s=float(wait), refused_this_second=int(refused))
-
-    def stats(self, *, key: str) -> BucketStats:
-        raw = {k.decode(): v.decode() for k, v in self._redis.hgetall(self._keys(key)[1]).items()}
-        return BucketStats(
-            total=int(raw.get("total", 0)),
-            denied=int(raw.get("denied", 0)),
-            abandoned=int(raw.get("abandoned", 0)),
-            peak_in_one_second=int(raw.get("peak", 0)),
-            peak_at_epoch_second=int(raw["peak_at"]) if "peak_at" in raw else None,
-            by_purpose={k.split(":", 1)[1]: int(v) for k, v in raw.items()
-                        if k.startswith("purpose:")},
-        )
-
-    def reset(self, *, key: str) -> None:
-        bucket, stats, _, _ = self._keys(key)
-        self._redis.delete(bucket, stats)
-
-    def abandon(self, *, key: str, purpose: str) -> None:
-        stats = self._keys(key)[1]
-        pipe = self._redis.pipeline()
-        pipe.hincrby(stats, "total", -1)
-        pipe.hincrby(stats, f"purpose:{purpose}", -1)
-        pipe.hincrby(stats, "abandoned", 1)
-        pipe.execute()
-
-    def spend(self, *, key: str) -> None:
-        self._spend_script(keys=self._keys(key)[:1], args=[BUCKET_TTL_SECONDS])
-
-
 class LocalTokenBucket:
     """The embedded bucket: the same algorithm in memory (one process is the whole fleet)."""
 
@@ -224,11 +135,17 @@ class LocalTokenBucket:
         self._buckets: dict[str, tuple[float, float]] = {}
         self._stats: dict[str, BucketStats] = {}
         self._seconds: dict[str, tuple[int, int, int]] = {}  # key -> (second, granted, refused)
+        # key -> (the last slot handed out, less the shift then; the shift: how far outside
+        # grants have pushed the line back). A slot is stored the same way: its time is the
+        # stored value plus the current shift, so one push moves every waiting holder at once.
+        self._lines: dict[str, tuple[float, float]] = {}
+        self._slots: dict[str, dict[str, float]] = {}  # key -> holder -> its slot
+        self._next_forget = 0.0
 
-    def take(self, *, key: str, rate: float, purpose: str) -> Take:
+    def take(self, *, key: str, rate: float, purpose: str, holder: str | None = None) -> Take:
         wall = time.time()
         sec = int(wall)
-        burst = _burst()
+        burst = qps_burst()
         with self._lock:
             tokens, ts = self._buckets.get(key, (burst, wall))
             if wall > ts:
@@ -237,7 +154,34 @@ class LocalTokenBucket:
             second, granted, refused = self._seconds.get(key, (sec, 0, 0))
             if second != sec:
                 second, granted, refused = sec, 0, 0
-            if tokens >= 1:
+            self._forget_old_slots(wall=wall)
+            line_base, shift = self._lines.get(key, (0.0, 0.0))
+            line = line_base + shift
+            wait: float | None = None
+            if holder is None:
+                grant = tokens >= 1
+                if grant and line > wall:
+                    # A token the line was counting on: everyone waiting moves back by one.
+                    shift += 1.0 / rate
+            else:
+                slots = self._slots.setdefault(key, {})
+                base = slots.get(holder)
+                if base is not None:
+                    grant = wall >= base + shift - SLOT_TOLERANCE_SECONDS and tokens >= 1
+                    if grant:
+                        del slots[holder]
+                    else:
+                        # Not its turn yet, or its turn and the token not back yet: it keeps
+                        # its place (first in line once its slot has passed).
+                        wait = max(base + shift - wall, max(1.0 - tokens, 0.0) / rate)
+                else:
+                    grant = tokens >= 1 and line <= wall
+                    if not grant:
+                        slot = max(wall + max(1.0 - tokens, 0.0) / rate, line + 1.0 / rate)
+                        slots[holder] = line_base = slot - shift
+                        wait = slot - wall
+            self._lines[key] = (line_base, shift)
+            if grant:
                 self._buckets[key] = (tokens - 1, ts)
                 granted += 1
                 self._seconds[key] = (second, granted, refused)
@@ -250,7 +194,19 @@ class LocalTokenBucket:
             refused += 1
             self._seconds[key] = (second, granted, refused)
             stats.denied += 1
+            if wait is not None:
+                return Take(granted=False, wait_s=wait, refused_this_second=refused, queued=True)
             return Take(granted=False, wait_s=(1 - tokens) / rate, refused_this_second=refused)
+
+    def _forget_old_slots(self, *, wall: float) -> None:
+        """Drop slots whose holder never came back (SLOT_FORGET_SECONDS), once a minute."""
+        if wall < self._next_forget:
+            return
+        self._next_forget = wall + 60.0
+        for key, slots in self._slots.items():
+            shift = self._lines.get(key, (0.0, 0.0))[1]
+            for holder in [h for h, at in slots.items() if at + shift < wall - SLOT_FORGET_SECONDS]:
+                del slots[holder]
 
     def stats(self, *, key: str) -> BucketStats:
         with self._lock:
@@ -267,7 +223,7 @@ class LocalTokenBucket:
 
     def reset(self, *, key: str) -> None:
         with self._lock:
-            for store in (self._buckets, self._stats, self._seconds):
+            for store in (self._buckets, self._stats, self._seconds, self._lines, self._slots):
                 store.pop(key, None)
 
     def abandon(self, *, key: str, purpose: str) -> None:
@@ -302,6 +258,8 @@ def qps_bucket() -> TokenBucket:
         if _bucket is None:
             name = qps_backend_name()
             if name == "redis":
+                from toolops.qps_redis import RedisTokenBucket
+
                 url = str(getattr(settings, "TOOLOPS_QPS_REDIS_URL", "") or settings.CELERY_BROKER_URL)
                 _bucket = RedisTokenBucket(url=url)
             elif name == "local":

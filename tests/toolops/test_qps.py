@@ -16,7 +16,8 @@ from django.utils import timezone
 from ledger.models import Operation, OperationEvent, ToolServer
 from ledger.states import State
 from tests.peers.fault_transport import FaultTransport
-from toolops.qps import LocalTokenBucket, RedisTokenBucket, TokenBucket, qps_bucket, server_bucket_key
+from toolops.qps import LocalTokenBucket, TokenBucket, qps_bucket, server_bucket_key
+from toolops.qps_redis import RedisTokenBucket
 from toolops.services.connections import server_token_take
 from toolops.services.dispatch import operations_claim_due
 from toolops.services.observe import operation_poll

@@ -79,6 +79,10 @@ class _CallScope:
 # Longest in-place wait for a follow-up call's token: a worker slot is held meanwhile, so keep it
 # short; servers capped under 1 QPS re-schedule instead.
 FOLLOW_UP_MAX_WAIT_SECONDS = 2.0
+# Longest in-place wait for a poll's slot in the server's line (toolops.qps): a poll is not worth
+# holding a worker slot long, only long enough to spare a re-claim when the slot is a token or two
+# away (fast servers); a slower server's poll goes back to the ledger until its slot.
+LINE_MAX_WAIT_SECONDS = 0.25
 
 
 class RateLimited(TransientError):
@@ -136,13 +140,19 @@ def adapter_for_server(*, server: ToolServer) -> TaskAdapter:
         return adapter
 
 
-def server_token_take(*, server: ToolServer, purpose: str, follow_up: bool = False) -> float:
-    """Take one token or raise RateLimited with a retry time spread over the refused callers.
+def server_token_take(*, server: ToolServer, purpose: str, follow_up: bool = False,
+                      holder: str | None = None) -> float:
+    """Take one token or raise RateLimited with the time to come back.
+
+    `holder` (the operation's id) puts a refused caller in the server's line (toolops.qps, "the
+    line"): it is told its slot and comes back exactly then. A caller with no holder is told a
+    retry time spread over the callers refused this second.
 
     `follow_up` marks the second call of one observation (the input read or result fetch right
     after a `get` that said so), or a call a person is waiting on (cancel, input delivery). It may
     wait in place for up to two token intervals: refusing it would hand the row back, and the next
     cycle would spend its token on the `get` again, so the follow-up could starve behind its poll.
+    It stands outside the line (its holder is ignored), like any call that is already under way.
     """
     if purpose not in PURPOSES:
         raise ValueError(f"unknown call purpose {purpose!r}; known: {sorted(PURPOSES)}")
@@ -151,22 +161,31 @@ def server_token_take(*, server: ToolServer, purpose: str, follow_up: bool = Fal
     bucket, key = qps_bucket(), server_bucket_key(server_id=server.pk)
     # Returned on a grant: time.monotonic() just before the take that granted (see _CallScope).
     asked_at = time.monotonic()
-    take = bucket.take(key=key, rate=rate, purpose=purpose)
+    in_line = None if follow_up else holder
+    take = bucket.take(key=key, rate=rate, purpose=purpose, holder=in_line)
     inline_wait = float(settings.TOOLOPS_QPS_INLINE_WAIT_SECONDS)
     if follow_up:
         inline_wait = max(inline_wait, min(2.0 / rate, FOLLOW_UP_MAX_WAIT_SECONDS))
+    elif take.queued:
+        # A holder whose slot is that close: waiting holds a worker slot for at most two token
+        # intervals, handing the row back costs a claim, a load and a write.
+        inline_wait = max(inline_wait, min(2.0 / rate, LINE_MAX_WAIT_SECONDS))
     if not take.granted and take.wait_s <= inline_wait:
-        # The token is due within a few milliseconds: one timed wait (never a loop) costs less
-        # than handing the row back to the ledger and claiming it again.
+        # The token (or this caller's slot) is due within a few milliseconds: one timed wait
+        # (never a loop) costs less than handing the row back to the ledger and claiming it again.
         time.sleep(take.wait_s)
         asked_at = time.monotonic()
-        take = bucket.take(key=key, rate=rate, purpose=purpose)
+        take = bucket.take(key=key, rate=rate, purpose=purpose, holder=in_line)
     if take.granted:
         return asked_at
-    # Full jitter over the time the bucket needs to serve everyone refused this second: the
-    # refused callers come back spread out, not as one herd at the next refill.
     qps_token_denied_inc(server=server.name)
-    delay = take.wait_s + _rng.uniform(0.0, retry_spread_seconds(take=take, rate=rate))
+    if take.queued:
+        # A slot in the line: the line already spaces the refused callers one token apart.
+        delay = take.wait_s
+    else:
+        # Full jitter over the time the bucket needs to serve everyone refused this second: the
+        # refused callers come back spread out, not as one herd at the next refill.
+        delay = take.wait_s + _rng.uniform(0.0, retry_spread_seconds(take=take, rate=rate))
     raise RateLimited(server_id=server.pk, purpose=purpose,
                       retry_at=timezone.now() + timedelta(seconds=delay))
 
@@ -230,12 +249,14 @@ def server_bucket_hand_over(*, server: ToolServer) -> None:
 
 
 def server_call(*, server: ToolServer, purpose: str, fn: Callable[[TaskAdapter], T],
-                follow_up: bool = False) -> T:
+                follow_up: bool = False, holder: str | None = None) -> T:
     """Run one adapter call under the server's QPS cap: one token per HTTP request it sends.
 
     The first token is taken before anything else, so a refusal (RateLimited) sends nothing.
+    `holder`: the operation the call is for, so a refusal queues it (server_token_take).
     """
-    asked_at = server_token_take(server=server, purpose=purpose, follow_up=follow_up)
+    asked_at = server_token_take(server=server, purpose=purpose, follow_up=follow_up,
+                                 holder=holder)
     adapter = adapter_for_server(server=server)
     outer = getattr(_scope, "call", None)
     _scope.call = _CallScope(server=server, purpose=purpose, prepaid=1, granted_at=asked_at)

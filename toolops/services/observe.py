@@ -147,7 +147,9 @@ def _operation_poll(*, op: Operation, lease_owner: str, hold_until: datetime | N
     # of the same claim issues the same number (the first of the two to record wins).
     issued_seq = max(op.observation_seq + 1, op.poll_attempts)
     try:
-        task = server_call(server=op.server, purpose="poll",
+        # In the server's line under its own id: a refused poll is told its slot, and its
+        # reschedule below brings it back exactly then (toolops.qps, "the line").
+        task = server_call(server=op.server, purpose="poll", holder=str(op.id),
                            fn=lambda adapter: adapter.get(remote_id=op.remote_id))
     except RateLimited as limited:
         # A write that matched nothing (the row moved on while we waited) is reported as stale,

@@ -82,6 +82,10 @@ class SimResult:
     polls: int
     shards: int = 1
     servers: int | None = None  # given explicitly (otherwise one per SERIES_PER_SERVER series)
+    # The buckets' own counts over every server: requests granted a token, and takes refused
+    # (each refusal hands a claimed row back; many per call means claims spent on no request).
+    qps_granted: int = 0
+    qps_denied: int = 0
 
     @property
     def passed(self) -> bool:
@@ -177,7 +181,9 @@ def _result(*, seed: int, series: int, only: int | None, outcome: ShardOutcome,
         server_peak_over_qps=round(outcome.peak_polls / SERVER_QPS, 4),
         server_peak_requests_over_qps=round(outcome.peak_requests / SERVER_QPS, 4),
         failing=outcome.failing, fault_counts=dict(sorted(outcome.fault_counts.items())),
-        polls=outcome.polls, shards=outcome.shards, servers=servers)
+        polls=outcome.polls, shards=outcome.shards, servers=servers,
+        qps_granted=sum(int(b.get("total", 0)) for b in outcome.bucket_stats.values()),
+        qps_denied=sum(int(b.get("denied", 0)) for b in outcome.bucket_stats.values()))
 
 
 def simulate(*, series: int, seed: int, only: int | None = None,
@@ -296,7 +302,8 @@ def _gate_over_shards(*, merged: ShardOutcome, seed: int) -> GateReport:
 def result_summary(result: SimResult) -> dict[str, Any]:
     return {"seed": result.seed, "series": result.series, "only": result.only,
             "shards": result.shards, "virtual_seconds": result.virtual_seconds,
-            "polls": result.polls, "server_peak_polls_over_qps": result.server_peak_over_qps,
+            "polls": result.polls, "qps_granted": result.qps_granted,
+            "qps_denied": result.qps_denied, "server_peak_polls_over_qps": result.server_peak_over_qps,
             "server_peak_requests_over_qps": result.server_peak_requests_over_qps,
             "fault_counts": result.fault_counts,
             "failing_series": len(result.failing), "passed": result.passed}
