@@ -55,6 +55,9 @@ BUCKET_TTL_SECONDS = 3600
 # A holder that has not come back this long after its slot was served some other way (its row
 # ended, or was cancelled): its slot is forgotten, and if it does ask again it is a newcomer.
 SLOT_FORGET_SECONDS = 300.0
+# The embedded bucket looks for such slots this often, not on every take: the walk over every
+# slot is O(waiting), and a slot kept a minute too long only costs its few bytes.
+SLOT_SWEEP_SECONDS = 60.0
 # A holder this close before its slot is at its slot: slots are float sums (and Redis keeps 14
 # digits), and a holder's turn never admits a request on its own (the token must be there too).
 SLOT_TOLERANCE_SECONDS = 0.001
@@ -139,7 +142,8 @@ class LocalTokenBucket:
         # grants have pushed the line back). A slot is stored the same way: its time is the
         # stored value plus the current shift, so one push moves every waiting holder at once.
         self._lines: dict[str, tuple[float, float]] = {}
-        self._slots: dict[str, dict[str, float]] = {}  # key -> holder -> its slot
+        # key -> holder -> its slot, less the shift when it was given (as the line above).
+        self._slots: dict[str, dict[str, float]] = {}
         self._next_forget = 0.0
 
     def take(self, *, key: str, rate: float, purpose: str, holder: str | None = None) -> Take:
@@ -199,10 +203,10 @@ class LocalTokenBucket:
             return Take(granted=False, wait_s=(1 - tokens) / rate, refused_this_second=refused)
 
     def _forget_old_slots(self, *, wall: float) -> None:
-        """Drop slots whose holder never came back (SLOT_FORGET_SECONDS), once a minute."""
+        """Drop the slots of holders that never came back (SLOT_FORGET_SECONDS)."""
         if wall < self._next_forget:
             return
-        self._next_forget = wall + 60.0
+        self._next_forget = wall + SLOT_SWEEP_SECONDS
         for key, slots in self._slots.items():
             shift = self._lines.get(key, (0.0, 0.0))[1]
             for holder in [h for h, at in slots.items() if at + shift < wall - SLOT_FORGET_SECONDS]:
