@@ -54,7 +54,6 @@ if holder == '' then
     shift = shift + 1 / rate
   end
 else
-  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', tostring(now - tonumber(ARGV[7]) - shift))
   local base = tonumber(redis.call('ZSCORE', KEYS[5], holder) or nil)
   if base ~= nil then
     grant = now >= base + shift - tonumber(ARGV[8]) and tokens >= 1
@@ -68,6 +67,9 @@ else
     if not grant then
       local slot = math.max(now + math.max(1 - tokens, 0) / rate, line + 1 / rate)
       line_base = slot - shift
+      -- Forgotten slots are swept only when someone joins: a poll that finds no line (the
+      -- usual case while the cap does not bind) pays one ZSCORE, not a range scan.
+      redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', tostring(now - tonumber(ARGV[7]) - shift))
       redis.call('ZADD', KEYS[5], tostring(line_base), holder)
       redis.call('EXPIRE', KEYS[5], tonumber(ARGV[4]))
       wait = slot - now
