@@ -2,17 +2,18 @@
 
 Loads `--rows` open WORKING rows, all due, with one `INSERT ... SELECT generate_series` (seconds
 for 1M rows), then claims `--batch` rows at a time, `--claims` times, never releasing a lease (the
-worst case: every claimed row is still in flight). Prints ms per claim, and the same run with the
-claim of earlier releases (`--mode legacy`: leases without moving `next_poll_at`, so every later
-claim scans past the rows already leased). `--leased-due N` first leases the N earliest-due rows
-while leaving them due (a poll that wrote its next time before it let go of the lease, on a
-worker still running): they are the front of the due order and no claim may take them.
+worst case: every claimed row is still in flight). Prints ms per claim, and how many of the
+claims' writes of operation rows were HOT updates (no index entry written; the reason the due
+times live in their own narrow table, ledger.models.due). `--leased-due N` first leases the N
+earliest-due rows while leaving them due (a poll that wrote its next time before it let go of
+the lease, on a worker still running): they are the front of the due order and no claim may take
+them.
 
 Run against a scratch PostgreSQL database (it is emptied first):
     DATABASE_URL=postgres://root@127.0.0.1:5432/toolops_claims_<you> .venv/bin/python manage.py migrate -v0
     DATABASE_URL=postgres://root@127.0.0.1:5432/toolops_claims_<you> \\
         .venv/bin/python benchmarks/claims_at_scale.py --rows 1000000 --batch 1000 --claims 100
-    ... claims_at_scale.py --rows 1000000 --claims 100 --mode current --leased-due 90000
+    ... claims_at_scale.py --rows 1000000 --claims 100 --leased-due 90000
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ import os
 import statistics
 import sys
 import time
-import uuid
-from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -34,12 +33,10 @@ import django
 
 django.setup()
 
-from django.db import connection, transaction  # noqa: E402
-from django.db.models import F, Q  # noqa: E402
-from django.utils import timezone  # noqa: E402
+from django.db import connection  # noqa: E402
 
-from ledger.models import Operation, ToolServer  # noqa: E402
-from toolops.services.dispatch import CLAIMABLE, operations_claim_due  # noqa: E402
+from ledger.models import ToolServer  # noqa: E402
+from toolops.services.dispatch import operations_claim_due  # noqa: E402
 
 
 def _load(*, rows: int, leased_due: int) -> None:
@@ -81,39 +78,36 @@ def _load(*, rows: int, leased_due: int) -> None:
         )
         # A quiet table: the load's dead tuples and unset hint bits are not the claim's cost.
         cur.execute("VACUUM (ANALYZE) ledger_operation")
+        cur.execute("VACUUM (ANALYZE) ledger_operationdue")
     print(json.dumps({"loaded_rows": rows, "leased_due": leased_due,
                       "load_s": round(time.monotonic() - started, 2)}), flush=True)
 
 
-def _legacy_claim(*, owner: str, limit: int) -> list[uuid.UUID]:
-    """The claim as it was: leases without moving next_poll_at (kept here only to compare)."""
-    now = timezone.now()
-    with transaction.atomic():
-        ids = list(
-            Operation.objects.select_for_update(skip_locked=True)
-            .filter(state__in=CLAIMABLE, next_poll_at__lte=now)
-            .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
-            .order_by("next_poll_at").values_list("id", flat=True)[:limit]
-        )
-        Operation.objects.filter(id__in=ids).update(
-            lease_owner=owner, lease_expires_at=now + timedelta(seconds=600),
-            poll_attempts=F("poll_attempts") + 1)
-    return ids
+def _updates() -> tuple[int, int]:
+    """The operation table's updates so far, and how many of them were HOT."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_stat_force_next_flush()")
+        cur.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+                    "WHERE relname = 'ledger_operation'")
+        upd, hot = cur.fetchone()
+    return int(upd), int(hot)
 
 
-def _run(*, mode: str, batch: int, claims: int) -> dict[str, object]:
+def _run(*, batch: int, claims: int) -> dict[str, object]:
     timings = []
+    upd_before, hot_before = _updates()
     for i in range(claims):
-        owner = f"bench-{mode}-{i}"
+        owner = f"bench-{i}"
         started = time.perf_counter()
-        ids = (operations_claim_due(owner=owner, limit=batch) if mode == "current"
-               else _legacy_claim(owner=owner, limit=batch))
+        ids = operations_claim_due(owner=owner, limit=batch)
         timings.append((time.perf_counter() - started) * 1000)
         if len(ids) < batch:
             break
+    upd_after, hot_after = _updates()
     quarter = max(len(timings) // 4, 1)
     return {
-        "mode": mode, "claims": len(timings), "batch": batch,
+        "claims": len(timings), "batch": batch,
+        "row_writes": upd_after - upd_before, "hot_row_writes": hot_after - hot_before,
         "leased_at_end": len(timings) * batch,
         "ms_first_quarter_median": round(statistics.median(timings[:quarter]), 2),
         "ms_last_quarter_median": round(statistics.median(timings[-quarter:]), 2),
@@ -129,7 +123,6 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--claims", type=int, default=100)
     parser.add_argument("--leased-due", type=int, default=0)
-    parser.add_argument("--mode", choices=["current", "legacy", "both"], default="both")
     args = parser.parse_args()
     if connection.vendor != "postgresql":
         raise SystemExit("claims_at_scale needs PostgreSQL (SKIP LOCKED, generate_series)")
@@ -137,9 +130,8 @@ def main() -> None:
     from django.conf import settings
 
     settings.TOOLOPS_LEASE_SECONDS = 600.0
-    for mode in (["current", "legacy"] if args.mode == "both" else [args.mode]):
-        _load(rows=args.rows, leased_due=args.leased_due)
-        print(json.dumps(_run(mode=mode, batch=args.batch, claims=args.claims)), flush=True)
+    _load(rows=args.rows, leased_due=args.leased_due)
+    print(json.dumps(_run(batch=args.batch, claims=args.claims)), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Ledger models, one module per subdomain."""
 
 from ledger.models.adapters import AdapterState
+from ledger.models.due import OperationDue
 from ledger.models.inputs import InputRequest
 from ledger.models.operations import Operation, OperationEvent
 from ledger.models.receipts import OutboxEvent, TerminalReceipt
@@ -15,6 +16,7 @@ __all__ = [
     "InputRequest",
     "Membership",
     "Operation",
+    "OperationDue",
     "OperationEvent",
     "Organisation",
     "OutboxEvent",

@@ -90,22 +90,17 @@ class Operation(models.Model):
     class Meta:
         permissions = [("cancel_operation", "Can cancel operations")]
         indexes = [
-            # The dispatcher's claim, one index per branch, each predicate that branch's own
-            # (toolops.services.dispatch): due rows with no lease, walked in due order, and
-            # leased rows, walked in lease order up to the first lease still running. A row in
-            # flight is in the second only, so a walk over due rows never steps past it.
-            models.Index(fields=["next_poll_at"], name="op_due_free_idx",
-                         condition=Q(state__in=[s.value for s in SCHEDULED_STATES],
-                                     lease_expires_at__isnull=True, next_poll_at__isnull=False)),
-            models.Index(fields=["lease_expires_at"], name="op_leased_idx",
-                         condition=Q(state__in=[s.value for s in SCHEDULED_STATES],
-                                     lease_expires_at__isnull=False)),
+            # No index holds next_poll_at, lease_owner, lease_expires_at or poll_attempts: the
+            # dispatcher's claim finds due rows in ledger_operationdue (ledger.models.due) and
+            # writes only those columns here, so the claim's write of this wide row can be a HOT
+            # update (no index entry). An index on any of them would make every claim write every
+            # index below once per claimed row.
             models.Index(fields=["state"], name="op_state_idx"),
             # Declared here rather than with db_index, which on PostgreSQL adds a second,
             # varchar_pattern_ops index for LIKE 'prefix%' that no query here uses (admin prefix
-            # search is case-insensitive). A claim cannot be a HOT update (it moves the row
-            # between the claim's partial indexes), so every index is written once per claimed
-            # row: each one dropped is one write fewer per row per claim.
+            # search is case-insensitive). Every index is written by every update that is not
+            # HOT (a state change, the reply that sets remote_id): each one dropped is one write
+            # fewer per row.
             models.Index(fields=["call_node_id"], name="op_call_node_idx"),
             models.Index(fields=["tenant"], name="op_tenant_idx"),
             # Almost every row has no shadow: only those that do are indexed (a lookup by a
@@ -115,7 +110,7 @@ class Operation(models.Model):
         ]
         constraints = [
             # A constraint rather than unique=True, which on PostgreSQL adds a varchar_pattern_ops
-            # twin that no query uses and every claim would write (see the indexes above).
+            # twin that no query uses and every update that is not HOT would write.
             models.UniqueConstraint(fields=["submission_key"], name="op_submission_key_unique"),
             models.CheckConstraint(condition=Q(execution_epoch__gte=1), name="op_epoch_positive"),
             # At most one live attempt per call node, whatever its epoch. Only NOT_FOUND_SAFE

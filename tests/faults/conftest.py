@@ -56,8 +56,8 @@ def claim_now(op: Operation, owner: str) -> None:
     """Make the row due and claim it for `owner` (a real claim: lease, poll_attempts). A lease
     still held is taken as run out (a stuck worker), which is how a second poller gets the row."""
     # Earliest due of all rows, and a batch of one: other rows of the test stay unclaimed.
-    Operation.objects.filter(id=op.id).update(next_poll_at=timezone.now() - timedelta(hours=1),
-                                              lease_expires_at=timezone.now())
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    Operation.objects.filter(id=op.id).update(next_poll_at=an_hour_ago, lease_expires_at=an_hour_ago)
     assert operations_claim_due(owner=owner, limit=1) == [op.id]
 
 

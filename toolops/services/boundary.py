@@ -10,7 +10,7 @@ instead of crashing every worker that claims it.
 
 Recording can fail too (the database is away): it is retried a few times with the connection
 reopened between tries, and otherwise the row is left to its lease, which the dispatcher
-re-claims once it runs out (toolops.services.dispatch.claimable_now).
+re-claims once it runs out (toolops.services.dispatch.claim_due_locked).
 
 The loop (`executor_loop`) is the embedded runner's and each path executor's: one bad row never
 stops it, a failing claim or schedule query only makes it nap, and it stops claiming once its

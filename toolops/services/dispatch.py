@@ -17,12 +17,10 @@ from typing import Any, cast
 
 from django.conf import settings
 from django.db import connections, router, transaction
-from django.db.models import BooleanField, F, Field, Q
-from django.db.models.expressions import RawSQL
-from django.db.models.functions import Coalesce, Greatest
+from django.db.models import F, Field, Q
 from django.utils import timezone
 
-from ledger.models import Operation
+from ledger.models import Operation, OperationDue
 from ledger.services.schedule import schedule_at, schedule_leased
 from ledger.states import POLLABLE, State
 
@@ -31,74 +29,36 @@ from ledger.states import POLLABLE, State
 CLAIMABLE = frozenset(POLLABLE | {State.SUBMITTING, State.SUBMISSION_UNKNOWN})
 
 
-def _claimable_free(*, now: datetime) -> Q:
-    """Due and not leased: the common branch, walked in due order on op_due_free_idx."""
-    return Q(state__in=CLAIMABLE, lease_expires_at__isnull=True, next_poll_at__lte=now)
-
-
-def _claimable_lapsed(*, now: datetime) -> Q:
-    """Held by a lease that ran out, due or with no next poll time (op_leased_idx).
-
-    A claim moves `next_poll_at` to the lease's end, so a lapsed lease is normally due by its
-    next poll time too; a row whose writer cleared the schedule while it held the lease has no
-    next poll time at all and is still claimed here, so no row can be stranded by a worker that
-    died between that write and the next."""
-    return Q(state__in=CLAIMABLE, lease_expires_at__lte=now) & (
-        Q(next_poll_at__lte=now) | Q(next_poll_at__isnull=True)
-    )
-
-
 def claimable_now(*, now: datetime) -> Q:
-    """Due and free, or held by a lease that ran out (with or without a next poll time).
+    """Operation rows claimable at `now` (for reads; the claim itself walks ledger_operationdue).
 
-    The two branches are disjoint (a lease is either absent or set) and each has a partial index
-    whose predicate is its own; a leased row whose lease has not run out is in neither, however
-    early its next poll time."""
-    return _claimable_free(now=now) | _claimable_lapsed(now=now)
+    Due and free, or held by a lease that ran out (with or without a next poll time): the later
+    of the next poll time and the lease's end has passed. A leased row whose lease has not run
+    out is not claimable, however early its next poll time."""
+    lapsed_or_free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
+    return (Q(state__in=CLAIMABLE) & lapsed_or_free
+            & (Q(next_poll_at__isnull=True, lease_expires_at__isnull=False)
+               | Q(next_poll_at__lte=now)))
 
 
-def next_claimable_at(queryset: Any) -> datetime | None:
-    """When the earliest row of `queryset` becomes claimable: its next poll time, or its lease's
-    end when that is later (a leased row is not ours to poll before then).
-
-    One read per branch, so each is answered from its partial index (the free branch by the
-    index's first entry, the leased one over leased rows only) instead of an aggregate over every
-    open row; on PostgreSQL both are one statement (LEAST skips a branch that has no row)."""
-    connection = connections[queryset.db]
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(*_next_claimable_sql(queryset))
-            row = cursor.fetchone()
-        return None if row is None else row[0]
-    free, leased = _branches(queryset)
-    return min([*free, *leased], default=None)
+def next_claimable_at(*, path: str | None = None,
+                      server_ids: Collection[int] | None = None) -> datetime | None:
+    """When the earliest scheduled row (of this executor path, of these servers) becomes
+    claimable: the first entry of the due index, one index read however many rows are open."""
+    rows = OperationDue.objects.all()
+    if path is not None:
+        rows = rows.filter(executor_path=path)
+    if server_ids is not None:
+        rows = rows.filter(server_id__in=list(server_ids))
+    return rows.order_by("due_at").values_list("due_at", flat=True).first()
 
 
 def _claimable_states_sql() -> str:
-    """`state IN (...)` with the claimable states as literals, never parameters: a prepared
-    statement's generic plan can use a partial index only when the statement's own predicate
-    proves the index's, which `state IN ($1, ...)` cannot (it would walk the whole table)."""
+    """`state IN (...)` with the claimable states as literals (fixed enum values): the claim's
+    statement text then never changes with them."""
     column = Operation._meta.get_field("state").column
     states = ", ".join(f"'{state.value}'" for state in sorted(CLAIMABLE))  # fixed enum values
     return f'"{column}" IN ({states})'
-
-
-def _branches(queryset: Any) -> tuple[Any, Any]:
-    scoped = queryset.filter(RawSQL(_claimable_states_sql(), [], output_field=BooleanField()))
-    free = (scoped.filter(lease_expires_at__isnull=True, next_poll_at__isnull=False)
-            .order_by("next_poll_at").values_list("next_poll_at", flat=True)[:1])
-    leased = (scoped.filter(lease_expires_at__isnull=False)
-              .annotate(at=Greatest("lease_expires_at", Coalesce("next_poll_at", "lease_expires_at")))
-              .order_by("at").values_list("at", flat=True)[:1])
-    return free, leased
-
-
-def _next_claimable_sql(queryset: Any) -> tuple[str, list[Any]]:
-    """The PostgreSQL statement of next_claimable_at: both branches in one LEAST."""
-    free, leased = _branches(queryset)
-    free_sql, free_params = free.query.sql_with_params()
-    leased_sql, leased_params = leased.query.sql_with_params()
-    return f"SELECT LEAST(({free_sql}), ({leased_sql}))", [*free_params, *leased_params]
 
 
 _CLAIM_SQL: dict[tuple[str, bool, bool], str] = {}
@@ -108,45 +68,47 @@ def _claim_sql(*, alias: str, by_path: bool, by_servers: bool) -> str:
     """The claim as one statement: lock, lease and return the batch (no second lookup of ids).
 
     Spelled out once per connection alias and shape, not compiled by the ORM on every pass (the
-    dispatcher claims several times a second). The claimable states are literals, never
-    parameters: a prepared statement's generic plan can use a partial index only when the query's
-    own predicate proves the index's (_claimable_states_sql).
+    dispatcher claims several times a second).
 
-    Lapsed leases first: they are rare (a worker died), the walk over them stops at the first
-    lease still running, and putting them ahead means a steady stream of due rows cannot starve
-    them. Each branch is its own ordered walk over its own partial index (op_leased_idx,
-    op_due_free_idx, whose predicates these WHERE clauses repeat); the outer LIMIT stops pulling
-    rows (and so locking them) from the free branch once the batch is full.
+    Candidates come from the due index (ledger_operationdue, in the order rows became
+    claimable: a lapsed lease is due at its end, so it waits behind older rows only and is never
+    starved); the lock is taken on the operation row (`FOR UPDATE OF o SKIP LOCKED`), the same
+    row every transition locks first, so the lock order is always operation row then due row
+    (the trigger's write) and a claim cannot deadlock with a transition. The due condition is
+    repeated on the operation row because that is the row PostgreSQL re-reads after a lock it
+    had to wait for: a row rescheduled by a transaction that committed after the claim's
+    snapshot is then judged by its new times, not by the due entry the snapshot saw.
 
-    Parameters: owner, lease end (twice: lease and next poll time), now twice, [path],
-    [server ids], batch; now, [path], [server ids], batch; batch."""
+    The UPDATE writes only columns no index of the operation row holds, so on a page with room
+    it is a HOT update; the trigger moves the due entry to the lease's end.
+
+    Parameters: owner, lease end (twice: lease and next poll time), now, [path], [server ids],
+    now twice, batch."""
     key = (alias, by_path, by_servers)
     cached = _CLAIM_SQL.get(key)
     if cached is not None:
         return cached
     meta = Operation._meta
     table = meta.db_table
+    due_table = OperationDue._meta.db_table
 
     def col(name: str) -> str:
         return f'"{cast("Field[Any, Any]", meta.get_field(name)).column}"'
 
-    states = _claimable_states_sql()
     scope = ""
     if by_path:
-        scope += f" AND {col('executor_path')} = %s"
+        scope += ' AND d."executor_path" = %s'
     if by_servers:
-        scope += f" AND {col('server')} = ANY(%s)"
+        scope += ' AND d."server_id" = ANY(%s)'
     pk, lease, due = col("id"), col("lease_expires_at"), col("next_poll_at")
-    lapsed = (f'SELECT {pk} FROM "{table}" WHERE {states} AND {lease} <= %s '
-              f'AND ({due} <= %s OR {due} IS NULL){scope} ORDER BY {lease} LIMIT %s '
-              f'FOR UPDATE SKIP LOCKED')
-    free = (f'SELECT {pk} FROM "{table}" WHERE {states} AND {lease} IS NULL '
-            f'AND {due} <= %s{scope} ORDER BY {due} LIMIT %s FOR UPDATE SKIP LOCKED')
+    candidates = (
+        f'SELECT c.{pk} FROM "{due_table}" AS d JOIN "{table}" AS c ON c.{pk} = d."operation_id" '
+        f'WHERE d."due_at" <= %s{scope} AND c.{_claimable_states_sql()} '
+        f'AND (c.{lease} IS NULL OR c.{lease} <= %s) AND (c.{due} <= %s OR c.{due} IS NULL) '
+        f'ORDER BY d."due_at" LIMIT %s FOR UPDATE OF c SKIP LOCKED')
     sql = (f'UPDATE "{table}" AS o SET {col("lease_owner")} = %s, {lease} = %s, {due} = %s, '
            f'{col("poll_attempts")} = o.{col("poll_attempts")} + 1 '
-           f'FROM (SELECT {pk} FROM ({lapsed}) AS lapsed '
-           f'UNION ALL SELECT {pk} FROM ({free}) AS free LIMIT %s) AS due '
-           f'WHERE o.{pk} = due.{pk} RETURNING o.{pk}')
+           f'FROM ({candidates}) AS due WHERE o.{pk} = due.{pk} RETURNING o.{pk}')
     _CLAIM_SQL[key] = sql
     return sql
 
@@ -161,8 +123,8 @@ def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None =
 
     A leased row is not due: the claim moves `next_poll_at` to the lease's end, so it becomes due
     again exactly when a worker that died holding it would have lost it, unless the poll writes
-    its next time first. Neither branch's index holds a row whose lease is still running, so the
-    claim never walks past rows in flight, however many there are or however early they are due.
+    its next time first. Its due entry says so too, so the claim's walk never steps past rows in
+    flight, however many there are or however early they are due.
     """
     now = timezone.now()
     batch = limit or int(settings.TOOLOPS_CLAIM_BATCH)
@@ -177,16 +139,20 @@ def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None =
         if server_ids is not None:
             scope.append(list(server_ids))
         with connection.cursor() as cursor:
-            cursor.execute(sql, [owner, lease_until, lease_until, now, now, *scope, batch,
-                                 now, *scope, batch, batch])
+            cursor.execute(sql, [owner, lease_until, lease_until, now, *scope, now, now, batch])
             return [row[0] for row in cursor.fetchall()]
-    rows = Operation.objects.select_for_update(skip_locked=True)
+    # Elsewhere (SQLite, the embedded default: one writer at a time, so no row lock to skip):
+    # the same walk over the due index, then the same write.
+    due = OperationDue.objects.filter(due_at__lte=now)
     if path is not None:
-        rows = rows.filter(executor_path=path)
+        due = due.filter(executor_path=path)
     if server_ids is not None:
-        rows = rows.filter(server_id__in=list(server_ids))
-    ids = list(rows.filter(claimable_now(now=now)).order_by("next_poll_at")
-               .values_list("id", flat=True)[:batch])
+        due = due.filter(server_id__in=list(server_ids))
+    candidates = list(due.order_by("due_at").values_list("operation_id", flat=True)[:batch])
+    rows = Operation.objects.select_for_update(skip_locked=True).filter(
+        claimable_now(now=now), id__in=candidates)
+    claimed = set(rows.values_list("id", flat=True))
+    ids = [op_id for op_id in candidates if op_id in claimed]
     if ids:
         Operation.objects.filter(id__in=ids).update(
             **schedule_leased(owner=owner, until=lease_until), poll_attempts=F("poll_attempts") + 1,
@@ -308,21 +274,4 @@ def operations_poll_sooner(*, server_id: int, remote_ids: list[str]) -> int:
 def operations_next_due_at(*, server_ids: Collection[int] | None = None) -> datetime | None:
     """When the earliest claimable row (of these servers) becomes claimable (None when nothing
     is scheduled)."""
-    rows = Operation.objects.all()
-    if server_ids is not None:
-        return next_claimable_at(rows.filter(server_id__in=list(server_ids)))
-    connection = connections[rows.db]
-    if connection.vendor != "postgresql":
-        return next_claimable_at(rows)
-    # Every dispatcher pass asks this, always the same statement (no parameters): compiled once
-    # per connection alias and replayed.
-    compiled = _NEXT_DUE_SQL.get(rows.db)
-    if compiled is None:
-        compiled = _NEXT_DUE_SQL[rows.db] = _next_claimable_sql(rows)
-    with connection.cursor() as cursor:
-        cursor.execute(*compiled)
-        row = cursor.fetchone()
-    return None if row is None else row[0]
-
-
-_NEXT_DUE_SQL: dict[str, tuple[str, list[Any]]] = {}
+    return next_claimable_at(server_ids=server_ids)

@@ -123,7 +123,7 @@ def executor_run(*, path: str, until_idle: bool, max_seconds: float | None) -> P
     owner = executor_lease_owner(path=path)
     loop = executor_loop(
         owner=owner, claim=lambda: executor_claim_due(path=path, owner=owner),
-        next_due=lambda: next_claimable_at(Operation.objects.filter(executor_path=path)),
+        next_due=lambda: next_claimable_at(path=path),
         until_idle=until_idle, max_seconds=max_seconds,
     )
     return PathRunStats(path=path, polls=loop.polls, outcomes=loop.outcomes)

@@ -52,6 +52,7 @@ from django.utils import timezone
 from ledger.models import (
     InputRequest,
     Operation,
+    OperationDue,
     OperationEvent,
     OutboxEvent,
     ReconciliationItem,
@@ -322,8 +323,10 @@ def _outbox(*, ops: Any) -> GateFigure:
 
 
 def _stranded(*, ops: Any) -> GateFigure:
-    scheduled = Q(state__in=CLAIMABLE) & (Q(next_poll_at__isnull=False)
-                                          | Q(lease_expires_at__isnull=False))
+    # Scheduled means the claim can find it: a due entry (kept by the database's triggers, so a
+    # row without one is stranded however its own times read).
+    scheduled = Q(state__in=CLAIMABLE) & Exists(
+        OperationDue.objects.filter(operation=OuterRef("pk")))
     waiting = Exists(InputRequest.objects.filter(operation=OuterRef("pk")).filter(
         Q(status=InputRequest.Status.OPEN)
         | Q(status=InputRequest.Status.ANSWERED, delivered_at__isnull=True)))
