@@ -104,3 +104,47 @@ def test_any_sequence_of_writes_keeps_the_due_table_equal_to_the_rows(steps: lis
         except Exception as exc:  # the CHECK op_open_row_scheduled, nothing else
             assert "op_open_row_scheduled" in str(exc), exc
         assert _actual() == _expected()
+
+
+@pytest.mark.django_db(transaction=False)
+def test_the_embedded_default_sqlite_database_gets_the_triggers(tmp_path) -> None:
+    # The README's first command runs on SQLite: the same migration installs the SQLite
+    # triggers, and they keep the entry as on PostgreSQL (a fresh database, migrated by
+    # manage.py in its own process as a user would).
+    import os
+    import sqlite3
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    db = tmp_path / "embedded.sqlite3"
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{db}", "DJANGO_SETTINGS_MODULE": "config.settings"}
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=root, env=env, check=True,
+                   timeout=240)
+    with sqlite3.connect(db) as con:
+        names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
+        assert {"ledger_operation_due_on_insert", "ledger_operation_due_on_update"} <= names
+    # Rows written through the ORM on that database, in a process of its own.
+    script = (
+        "from datetime import timedelta\n"
+        "from django.utils import timezone\n"
+        "from ledger.models import Operation, OperationDue, ToolServer\n"
+        "s = ToolServer.objects.create(name='s', url='http://127.0.0.1:1/mcp',"
+        " adapter_version='mcp-tasks/2025-11-25')\n"
+        "now = timezone.now()\n"
+        "op = Operation.objects.create(server=s, call_node_id='n', tool_name='t',"
+        " descriptor_version='d', request_digest='r', body={}, adapter_version='a',"
+        " submission_key='k', state='WORKING', next_poll_at=now)\n"
+        "print(OperationDue.objects.get(operation=op).due_at == now)\n"
+        "Operation.objects.filter(id=op.id).update(lease_expires_at=now + timedelta(seconds=5))\n"
+        "print(OperationDue.objects.get(operation=op).due_at == now + timedelta(seconds=5))\n"
+        "Operation.objects.filter(id=op.id).update(lease_expires_at=None,"
+        " next_poll_at=now - timedelta(seconds=5))\n"
+        "print(OperationDue.objects.get(operation=op).due_at == now - timedelta(seconds=5))\n"
+        "Operation.objects.filter(id=op.id).update(state='INPUT_REQUIRED', next_poll_at=None)\n"
+        "print(not OperationDue.objects.exists())\n"
+    )
+    out = subprocess.run([sys.executable, "manage.py", "shell", "-v0", "-c", script], cwd=root, env=env,
+                         check=True, timeout=240, capture_output=True, text=True).stdout
+    assert out.split() == ["True"] * 4, out

@@ -259,6 +259,20 @@ def test_a_row_stranded_on_purpose_fails_the_gate_and_the_command() -> None:
     assert [f["name"] for f in doc["figures"] if not f["passed"]] == ["stranded_open_rows"]
 
 
+def test_a_scheduled_row_the_claim_cannot_find_is_stranded() -> None:
+    # Its own times say due, but without a due entry no claim walks to it (the triggers that
+    # keep ledger_operationdue were lost, say by a table rebuild): stranded, not scheduled.
+    from django.db import connection
+
+    op = OperationFactory(next_poll_at=timezone.now())
+    assert gate_report().figure("stranded_open_rows").value == 0
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM ledger_operationdue WHERE operation_id = %s", [op.pk])
+    fig = gate_report().figure("stranded_open_rows")
+    assert (fig.value, fig.passed) == (1, False)
+    assert fig.detail["sample"][0]["operation_id"] == str(op.pk)
+
+
 def test_oldest_overdue_row_counts_due_rows_and_expired_leases() -> None:
     OperationFactory(next_poll_at=timezone.now() + timedelta(seconds=30))
     fig = gate_report().figure("oldest_overdue_row_s")
