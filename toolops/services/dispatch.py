@@ -44,13 +44,35 @@ def claimable_now(*, now: datetime) -> Q:
 def next_claimable_at(*, path: str | None = None,
                       server_ids: Collection[int] | None = None) -> datetime | None:
     """When the earliest scheduled row (of this executor path, of these servers) becomes
-    claimable: the first entry of the due index, one index read however many rows are open."""
+    claimable: the first entry of the due index, one index read however many rows are open.
+
+    Every dispatcher pass asks this: on PostgreSQL the statement is spelled once per alias and
+    shape and replayed, not compiled by the ORM each time."""
+    connection = connections[router.db_for_read(OperationDue)]
+    if connection.vendor == "postgresql":
+        key = (connection.alias, path is not None, server_ids is not None)
+        sql = _NEXT_DUE_SQL.get(key)
+        if sql is None:
+            where = [clause for clause, used in (('"executor_path" = %s', key[1]),
+                                                 ('"server_id" = ANY(%s)', key[2])) if used]
+            sql = _NEXT_DUE_SQL[key] = (
+                f'SELECT "due_at" FROM "{OperationDue._meta.db_table}"'
+                f'{" WHERE " + " AND ".join(where) if where else ""} ORDER BY "due_at" LIMIT 1')
+        params: list[Any] = [v for v in (path, None if server_ids is None else list(server_ids))
+                             if v is not None]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+        return None if row is None else row[0]
     rows = OperationDue.objects.all()
     if path is not None:
         rows = rows.filter(executor_path=path)
     if server_ids is not None:
         rows = rows.filter(server_id__in=list(server_ids))
     return rows.order_by("due_at").values_list("due_at", flat=True).first()
+
+
+_NEXT_DUE_SQL: dict[tuple[str, bool, bool], str] = {}
 
 
 def _claimable_states_sql() -> str:
@@ -72,12 +94,12 @@ def _claim_sql(*, alias: str, by_path: bool, by_servers: bool) -> str:
 
     Candidates come from the due index (ledger_operationdue, in the order rows became
     claimable: a lapsed lease is due at its end, so it waits behind older rows only and is never
-    starved); the lock is taken on the operation row (`FOR UPDATE OF o SKIP LOCKED`), the same
+    starved); the lock is taken on the operation row (`FOR UPDATE OF c SKIP LOCKED`), the same
     row every transition locks first, so the lock order is always operation row then due row
     (the trigger's write) and a claim cannot deadlock with a transition. The due condition is
-    repeated on the operation row because that is the row PostgreSQL re-reads after a lock it
-    had to wait for: a row rescheduled by a transaction that committed after the claim's
-    snapshot is then judged by its new times, not by the due entry the snapshot saw.
+    repeated on the operation row because that is the row PostgreSQL re-reads when the row it
+    locks was changed by a transaction that committed after the claim's snapshot: a row
+    rescheduled meanwhile is judged by its new times, not by the due entry the snapshot saw.
 
     The UPDATE writes only columns no index of the operation row holds, so on a page with room
     it is a HOT update; the trigger moves the due entry to the lease's end.

@@ -196,3 +196,22 @@ def test_claims_and_transitions_at_once_never_deadlock_or_lease_a_row_twice() ->
     assert set(entries) == set(ids)
     for op in Operation.objects.filter(id__in=ids):
         assert entries[op.id] == max(t for t in (op.next_poll_at, op.lease_expires_at) if t)
+
+
+def test_the_next_claimable_time_is_read_per_path_and_per_server() -> None:
+    from toolops.services.dispatch import next_claimable_at
+
+    now = timezone.now()
+    a, b = ToolServerFactory(), ToolServerFactory()
+    early = now - timedelta(minutes=3)
+    Operation.objects.bulk_create([
+        OperationFactory.build(server=a, next_poll_at=early, executor_path="legacy"),
+        OperationFactory.build(server=b, next_poll_at=now - timedelta(minutes=2)),
+        OperationFactory.build(server=a, next_poll_at=now - timedelta(minutes=1)),
+    ])
+    assert next_claimable_at() == early
+    assert next_claimable_at(path="tasks") == now - timedelta(minutes=2)
+    assert next_claimable_at(server_ids=[b.pk]) == now - timedelta(minutes=2)
+    assert next_claimable_at(path="tasks", server_ids=[a.pk]) == now - timedelta(minutes=1)
+    assert next_claimable_at(path="legacy", server_ids=[b.pk]) is None
+    assert operations_next_due_at(server_ids=[a.pk]) == early
