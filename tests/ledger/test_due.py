@@ -148,3 +148,38 @@ def test_the_embedded_default_sqlite_database_gets_the_triggers(tmp_path) -> Non
     out = subprocess.run([sys.executable, "manage.py", "shell", "-v0", "-c", script], cwd=root, env=env,
                          check=True, timeout=240, capture_output=True, text=True).stdout
     assert out.split() == ["True"] * 4, out
+
+
+def test_the_migration_gives_each_open_row_of_an_installed_ledger_its_entry() -> None:
+    # An installed ledger upgraded: rows written before the due table existed get their entry
+    # from the migration's backfill (a row nobody schedules any more must not be stranded).
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before = [("ledger", "0015_event_operation_index_dropped")]
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(before)
+    apps = executor.loader.project_state(before).apps
+    server = apps.get_model("ledger", "ToolServer").objects.create(
+        name="old", url="http://127.0.0.1:1/mcp", adapter_version="mcp-tasks/2025-11-25")
+    historical = apps.get_model("ledger", "Operation")
+    now = timezone.now()
+
+    def row(key: str, **fields: object) -> object:
+        return historical.objects.create(
+            server=server, call_node_id=key, tool_name="t", descriptor_version="d",
+            request_digest="r", body={}, adapter_version="mcp-tasks/2025-11-25",
+            submission_key=key, **fields).id
+
+    working = row("w", state="WORKING", next_poll_at=now)
+    leased = row("l", state="CANCEL_REQUESTED", next_poll_at=now,
+                 lease_expires_at=now + timedelta(seconds=30), lease_owner="x")
+    row("a", state="ACCEPTED")
+    row("i", state="INPUT_REQUIRED")
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes())
+    assert dict(OperationDue.objects.values_list("operation_id", "due_at")) == {
+        working: now, leased: now + timedelta(seconds=30)}
+    assert _actual() == _expected()
