@@ -12,7 +12,9 @@ from ledger.states import State, TerminalStatus
 
 # States in which a row is polled or resolved by the executor (the dispatcher's CLAIMABLE set,
 # toolops.services.dispatch). A row in one of them is always either due (`next_poll_at`) or
-# leased (`lease_expires_at`; an expired lease is re-claimed): constraint op_open_row_scheduled.
+# leased (`lease_expires_at`; an expired lease is re-claimed): constraint op_open_row_scheduled;
+# and it has its entry in ledger_operationdue, which the triggers of migration 0016 keep from
+# this same list of states (ledger.models.due).
 # The other open states wait on someone else: INPUT_REQUIRED on its input round,
 # RECONCILIATION_REQUIRED on its queue item (the gate checks those two, a CHECK cannot).
 SCHEDULED_STATES = (
