@@ -41,6 +41,32 @@ def claimable_now(*, now: datetime) -> Q:
                | Q(next_poll_at__lte=now)))
 
 
+def _due_scope(*, path: str | None, server_ids: Collection[int] | None,
+               table: str = "") -> tuple[list[str], list[Any]]:
+    """The SQL conditions and parameters that narrow due entries to one executor path and some
+    servers (`table`: the due table's alias in the statement, if any)."""
+    prefix = f'{table}.' if table else ""
+    clauses: list[str] = []
+    params: list[Any] = []
+    if path is not None:
+        clauses.append(f'{prefix}"executor_path" = %s')
+        params.append(path)
+    if server_ids is not None:
+        clauses.append(f'{prefix}"server_id" = ANY(%s)')
+        params.append(list(server_ids))
+    return clauses, params
+
+
+def _due_entries(*, path: str | None, server_ids: Collection[int] | None) -> Any:
+    """The same narrowing through the ORM (the path elsewhere than PostgreSQL)."""
+    rows = OperationDue.objects.all()
+    if path is not None:
+        rows = rows.filter(executor_path=path)
+    if server_ids is not None:
+        rows = rows.filter(server_id__in=list(server_ids))
+    return rows
+
+
 def next_claimable_at(*, path: str | None = None,
                       server_ids: Collection[int] | None = None) -> datetime | None:
     """When the earliest scheduled row (of this executor path, of these servers) becomes
@@ -49,27 +75,20 @@ def next_claimable_at(*, path: str | None = None,
     Every dispatcher pass asks this: on PostgreSQL the statement is spelled once per alias and
     shape and replayed, not compiled by the ORM each time."""
     connection = connections[router.db_for_read(OperationDue)]
-    if connection.vendor == "postgresql":
-        key = (connection.alias, path is not None, server_ids is not None)
-        sql = _NEXT_DUE_SQL.get(key)
-        if sql is None:
-            where = [clause for clause, used in (('"executor_path" = %s', key[1]),
-                                                 ('"server_id" = ANY(%s)', key[2])) if used]
-            sql = _NEXT_DUE_SQL[key] = (
-                f'SELECT "due_at" FROM "{OperationDue._meta.db_table}"'
-                f'{" WHERE " + " AND ".join(where) if where else ""} ORDER BY "due_at" LIMIT 1')
-        params: list[Any] = [v for v in (path, None if server_ids is None else list(server_ids))
-                             if v is not None]
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
-        return None if row is None else row[0]
-    rows = OperationDue.objects.all()
-    if path is not None:
-        rows = rows.filter(executor_path=path)
-    if server_ids is not None:
-        rows = rows.filter(server_id__in=list(server_ids))
-    return rows.order_by("due_at").values_list("due_at", flat=True).first()
+    if connection.vendor != "postgresql":
+        return (_due_entries(path=path, server_ids=server_ids).order_by("due_at")
+                .values_list("due_at", flat=True).first())
+    clauses, params = _due_scope(path=path, server_ids=server_ids)
+    key = (connection.alias, path is not None, server_ids is not None)
+    sql = _NEXT_DUE_SQL.get(key)
+    if sql is None:
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        sql = _NEXT_DUE_SQL[key] = (f'SELECT "due_at" FROM "{OperationDue._meta.db_table}"'
+                                    f'{where} ORDER BY "due_at" LIMIT 1')
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return None if row is None else row[0]
 
 
 _NEXT_DUE_SQL: dict[tuple[str, bool, bool], str] = {}
@@ -117,11 +136,9 @@ def _claim_sql(*, alias: str, by_path: bool, by_servers: bool) -> str:
     def col(name: str) -> str:
         return f'"{cast("Field[Any, Any]", meta.get_field(name)).column}"'
 
-    scope = ""
-    if by_path:
-        scope += ' AND d."executor_path" = %s'
-    if by_servers:
-        scope += ' AND d."server_id" = ANY(%s)'
+    clauses, _params = _due_scope(path="" if by_path else None,
+                                  server_ids=() if by_servers else None, table="d")
+    scope = "".join(f" AND {clause}" for clause in clauses)
     pk, lease, due = col("id"), col("lease_expires_at"), col("next_poll_at")
     candidates = (
         f'SELECT c.{pk} FROM "{due_table}" AS d JOIN "{table}" AS c ON c.{pk} = d."operation_id" '
@@ -155,21 +172,13 @@ def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None =
     if connection.vendor == "postgresql":
         sql = _claim_sql(alias=connection.alias, by_path=path is not None,
                          by_servers=server_ids is not None)
-        scope: list[Any] = []
-        if path is not None:
-            scope.append(path)
-        if server_ids is not None:
-            scope.append(list(server_ids))
+        _clauses, scope = _due_scope(path=path, server_ids=server_ids)
         with connection.cursor() as cursor:
             cursor.execute(sql, [owner, lease_until, lease_until, now, *scope, now, now, batch])
             return [row[0] for row in cursor.fetchall()]
     # Elsewhere (SQLite, the embedded default: one writer at a time, so no row lock to skip):
     # the same walk over the due index, then the same write.
-    due = OperationDue.objects.filter(due_at__lte=now)
-    if path is not None:
-        due = due.filter(executor_path=path)
-    if server_ids is not None:
-        due = due.filter(server_id__in=list(server_ids))
+    due = _due_entries(path=path, server_ids=server_ids).filter(due_at__lte=now)
     candidates = list(due.order_by("due_at").values_list("operation_id", flat=True)[:batch])
     rows = Operation.objects.select_for_update(skip_locked=True).filter(
         claimable_now(now=now), id__in=candidates)
