@@ -81,6 +81,12 @@ class ServerRequest:
     method: str
     params: dict[str, Any]
     related_task_id: str | None
+    # `time.monotonic()` of this process when the stream that carried the request was opened, set
+    # only by shapes whose server hands each request out once on that stream (2025-11-25's
+    # tasks/result). A request read on a stream opened after its id's earlier round was delivered
+    # cannot be that round's request again: the caller may then treat a reused id as a new round.
+    # None: read from a reply or kept from an earlier read, so it may be a replay.
+    stream_opened_at: float | None = None
 
     def __post_init__(self) -> None:
         json_check(self.params, what="input request params", strict_numbers=True)

@@ -482,6 +482,7 @@ class MessageStream:
         self._socket: socket.socket | None = None
         self._closed = threading.Event()
         self.finished = False  # the consumer has taken the StreamEnd item
+        self.opened_at = time.monotonic()  # before the request goes out: see ServerRequest
         self._thread = threading.Thread(target=self._run, name=f"mcp-stream-{self.request_id}", daemon=True)
 
     def start(self) -> MessageStream:

@@ -20,6 +20,7 @@ shape the code:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from collections import deque
@@ -452,7 +453,7 @@ class McpTasks2025Adapter(SubmissionKeyResolution):
                         raise
                     # Hand over what was read; the stream is gone, the next read opens a new one.
                 break
-            self._route_stream_message(item, remote_id=remote_id, collected=collected)
+            self._route_stream_message(item, stream=stream, remote_id=remote_id, collected=collected)
         return result
 
     def _release_stream(self, remote_id: str, *, collected: list[ServerRequest]) -> None:
@@ -471,7 +472,7 @@ class McpTasks2025Adapter(SubmissionKeyResolution):
             item = stream.next_item(timeout_s=remaining)
             if item is None or isinstance(item, StreamEnd):
                 break
-            self._route_stream_message(item, remote_id=remote_id, collected=collected)
+            self._route_stream_message(item, stream=stream, remote_id=remote_id, collected=collected)
         stream.close()
 
     def _send_release(self, cancelled: Message) -> None:
@@ -500,14 +501,18 @@ class McpTasks2025Adapter(SubmissionKeyResolution):
         return request.method in INPUT_METHODS and request.related_task_id == remote_id
 
     def _route_stream_message(
-        self, message: Message, *, remote_id: str, collected: list[ServerRequest]
+        self, message: Message, *, stream: MessageStream, remote_id: str,
+        collected: list[ServerRequest],
     ) -> None:
         if message_kind(message) != "request":
             self.notifications.append(message)
             return
         request = _server_request(message)
         if self._is_input_for(request, remote_id):
-            collected.append(request)
+            # mcp 1.30 names a task's request `task-<task id>-<id(params)>`, and CPython reuses a
+            # freed dict's address: round 2 may carry round 1's id. When the stream was opened
+            # says whether the id can still be the old request (see ServerRequest).
+            collected.append(dataclasses.replace(request, stream_opened_at=stream.opened_at))
             decode.input_request_count(len(collected), what="tasks/result input stream")
         else:
             self.pending_server_requests.append(request)

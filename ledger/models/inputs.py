@@ -36,9 +36,12 @@ class InputRequest(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["operation", "round"], name="input_one_row_per_round"),
-            # A replayed server request must never open a second round.
+            # A replayed server request must never open a second round while its round waits for
+            # delivery. Once delivered the id may come again: mcp 1.30 reuses request ids (see
+            # toolops/services/input_replays.py), so uniqueness holds among undelivered rounds.
             models.UniqueConstraint(fields=["operation", "server_request_id"],
-                                    name="input_one_round_per_server_request"),
+                                    condition=Q(delivered_at__isnull=True),
+                                    name="input_one_open_round_per_server_request"),
         ]
         indexes = [models.Index(fields=["deadline"], name="input_open_deadline_idx",
                                 condition=Q(status="open"))]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import secrets
+from datetime import timedelta
 
 import factory
 from django.utils import timezone
 
 from ledger.digests import request_digest
-from ledger.models import Operation, ToolServer
+from ledger.models import InputRequest, Operation, ToolServer
 from ledger.states import State
 
 
@@ -46,3 +47,16 @@ class OperationFactory(factory.django.DjangoModelFactory):
     remote_id = factory.Sequence(lambda n: f"task-{n}")
     state = State.WORKING
     next_poll_at = factory.LazyFunction(timezone.now)
+
+
+class InputRequestFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = InputRequest
+
+    operation = factory.SubFactory(OperationFactory, state=State.INPUT_REQUIRED, next_poll_at=None)
+    round = factory.Sequence(lambda n: n + 1)
+    server_request_id = factory.Sequence(lambda n: f'"req-{n}"')
+    method = "elicitation/create"
+    params = factory.LazyFunction(lambda: {"message": "colour?", "requestedSchema": {}})
+    schema_digest = "sha256:s1"
+    deadline = factory.LazyFunction(lambda: timezone.now() + timedelta(hours=1))

@@ -59,7 +59,9 @@ TOOLS: dict[str, types.Tool] = {
             name="ask_input",
             description="Ask `rounds` elicitation questions through the task, then report the answers.",
             inputSchema=_schema(
-                {"question": {"type": "string"}, "rounds": {"type": "integer", "minimum": 1, "default": 1}},
+                {"question": {"type": "string"}, "rounds": {"type": "integer", "minimum": 1, "default": 1},
+                 "numbered": {"type": "boolean", "default": True},
+                 "same_request_id": {"type": "boolean", "default": False}},
                 ["question"],
             ),
             execution=_REQUIRED,
@@ -110,6 +112,34 @@ def text_result(
 
 Work = Callable[[ServerTaskContext], Awaitable[types.Result]]
 
+# Tasks whose every input request carries one id (see _pin_request_ids).
+_PINNED_TASKS: set[str] = set()
+
+
+def _pin_request_ids(task: ServerTaskContext) -> None:
+    """Make the SDK's request-id reuse certain for this task.
+
+    mcp 1.30 names a task's input request `task-<task id>-<id(params)>`; CPython hands a freed
+    object's address to the next one, so a later round often, not always, carries an earlier
+    round's id. Pinning the suffix lets a test meet that on every run instead of by chance. The
+    session's own builder still builds the request; only its id is fixed.
+    """
+    _PINNED_TASKS.add(task.task_id)
+    session: Any = task._session  # the session whose builder the SDK's elicit() calls
+    if getattr(session, "_toolops_pinned_ids", False):
+        return
+    build = session._build_elicit_form_request
+
+    def build_pinned(*a: Any, **kw: Any) -> types.JSONRPCRequest:
+        request: types.JSONRPCRequest = build(*a, **kw)
+        related = kw.get("related_task_id")
+        if related in _PINNED_TASKS:
+            request.id = f"task-{related}-pinned"
+        return request
+
+    session._build_elicit_form_request = build_pinned
+    session._toolops_pinned_ids = True
+
 
 def work_for(name: str, args: dict[str, Any]) -> Work:
     """The body that runs inside the task (after `tools/call` has already answered)."""
@@ -128,9 +158,12 @@ def work_for(name: str, args: dict[str, Any]) -> Work:
 
     async def ask_input(task: ServerTaskContext) -> types.Result:
         rounds = int(args.get("rounds", 1))
+        numbered = bool(args.get("numbered", True)) and rounds > 1
+        if args.get("same_request_id"):
+            _pin_request_ids(task)
         answers: list[str] = []
         for i in range(rounds):
-            message = args["question"] if rounds == 1 else f"{args['question']} ({i + 1}/{rounds})"
+            message = f"{args['question']} ({i + 1}/{rounds})" if numbered else args["question"]
             # SDK path: status -> input_required, request queued for the tasks/result stream,
             # tagged with related-task _meta; resolves when the client POSTs its response.
             reply = await task.elicit(message=message, requestedSchema=ANSWER_SCHEMA)

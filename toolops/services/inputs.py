@@ -4,7 +4,8 @@
 2025-11-25 it arrives once, on an open `tasks/result` stream) and persisted at once as the
 `InputRequest` of the next round, with a digest of its requested schema and a deadline. An answer
 must name the operation, the round and that digest; it is recorded, then delivered through the
-adapter, and polling resumes. A replayed request (same server request id) opens no new round.
+adapter, and polling resumes. A replayed request (same server request id) opens no new round;
+an id reused once its round was delivered does (toolops/services/input_replays.py).
 A deadline that passes unanswered gets a recorded outcome: a cancel or reconciliation, by policy.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ from ledger.states import State
 from toolops.services.answer_checks import InputAnswerRefused, elicitation_result
 from toolops.services.cancel import CancelRefused, operation_cancel
 from toolops.services.connections import adapter_for_server, server_call
+from toolops.services.input_replays import delivered_request_keys, request_key, requests_unseen
 from toolops.services.json_input import JsonInputRefused, json_input_check
 from toolops.services.permissions import SYSTEM, Action, Actor, operation_tenant, permission_require
 from toolops.services.reconcile import operation_to_reconciliation
@@ -70,11 +73,6 @@ def input_schema_digest(*, method: str, params: dict[str, Any]) -> str:
     return canonical_digest({"method": method, "schema": schema})
 
 
-def _request_key(request_id: str | int) -> str:
-    # JSON spelling keeps the id's type: "5" (a string) and 5 (a number) are different ids.
-    return json.dumps(request_id)
-
-
 # -- opening rounds -----------------------------------------------------------------------
 
 
@@ -98,6 +96,8 @@ def operation_open_input_round(
     data: dict[str, Any],
 ) -> str:
     """`input_required` seen while WORKING: read the server's request and open its round."""
+    # Taken before the read opens its stream: which ids the server already has our answer for.
+    delivered_before, read_started = delivered_request_keys(operation_id=op.id), time.monotonic()
     try:
         requests, result_seen = _read_server_requests(op=op, remote_id=op.remote_id)
     except AdapterError as exc:
@@ -113,7 +113,8 @@ def operation_open_input_round(
             # read): it writes nothing, not even a note, since an event stamped with the row's
             # current epoch would be a lie. operation_poll records an epoch refusal.
             return "stale"
-        fresh = _unseen(operation_id=op.id, requests=requests)
+        fresh, reused = requests_unseen(operation_id=op.id, requests=requests,
+                                delivered_before=delivered_before, read_started=read_started)
         if locked.state != State.WORKING:
             fresh = []  # moved on (a cancel) under our lease: release it, the status decides
         if not fresh:
@@ -129,7 +130,7 @@ def operation_open_input_round(
                 operation_id=op.id, kind="input_required_no_new_round",
                 execution_epoch=locked.execution_epoch, cancel_generation=locked.cancel_generation,
                 from_state=locked.state, to_state=locked.state, server_state=task.status,
-                data={**data, "requests_seen": [_request_key(r.request_id) for r in requests],
+                data={**data, "requests_seen": [request_key(r.request_id) for r in requests],
                       "result_seen": result_seen},
             )
             return "input_required_replayed"
@@ -140,14 +141,10 @@ def operation_open_input_round(
             updates={**fields, **schedule_cleared(), "input_round": rounds[-1].round},
             event_kind="input_round_opened",
             event_data={**data, "rounds": [r.round for r in rounds],
-                        "server_request_ids": [r.server_request_id for r in rounds]},
+                        "server_request_ids": [r.server_request_id for r in rounds],
+                        **({"reused_request_ids": reused} if reused else {})},
         )
     return "input_required"
-
-
-def _unseen(*, operation_id: uuid.UUID, requests: list[ServerRequest]) -> list[ServerRequest]:
-    return [r for r in requests if not InputRequest.objects.filter(
-        operation_id=operation_id, server_request_id=_request_key(r.request_id)).exists()]
 
 
 def operation_open_round_on_create(
@@ -198,7 +195,7 @@ def _create_rounds(*, op: Operation, requests: list[ServerRequest], now: datetim
     for offset, request in enumerate(requests, start=1):
         created.append(InputRequest.objects.create(
             operation=op, round=op.input_round + offset,
-            server_request_id=_request_key(request.request_id), method=request.method,
+            server_request_id=request_key(request.request_id), method=request.method,
             params=request.params,
             schema_digest=input_schema_digest(method=request.method, params=request.params),
             deadline=deadline,

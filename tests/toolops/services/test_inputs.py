@@ -33,9 +33,10 @@ from toolops.services.submit import operation_submit
 pytestmark = pytest.mark.django_db
 
 
-def _ask(server: ToolServer, node: str, *, rounds: int = 1) -> Operation:
+def _ask(server: ToolServer, node: str, *, rounds: int = 1, **options: bool) -> Operation:
     op = operation_submit(server_name=server.name, tool_name="ask_input", call_node_id=node,
-                          arguments={"question": "colour?", "rounds": rounds}, ttl_ms=60_000)
+                          arguments={"question": "colour?", "rounds": rounds, **options},
+                          ttl_ms=60_000)
     run_embedded(until_idle=True, max_seconds=15)
     op.refresh_from_db()
     return op
@@ -49,6 +50,12 @@ def _answer(op: Operation, n: int, value: str) -> str:
     return operation_answer_input(operation_id=op.id, input_round=n,
                                   schema_digest=_round(op, n).schema_digest,
                                   response={"value": value})
+
+
+def _events(op: Operation) -> list[tuple[str, object]]:
+    """Kinds with their data, for a failure message that says what each poll saw."""
+    return list(OperationEvent.objects.filter(operation=op).order_by("seq")
+                .values_list("kind", "data"))
 
 
 def _kinds(op: Operation) -> list[str]:
@@ -180,7 +187,7 @@ def test_two_rounds_in_one_task(server: ToolServer) -> None:
     run_embedded(until_idle=True, max_seconds=15)
     op.refresh_from_db()
     # The events say which way a miss went (a round-2 request never read, or read and refused).
-    assert op.state == State.INPUT_REQUIRED and op.input_round == 2, _kinds(op)
+    assert op.state == State.INPUT_REQUIRED and op.input_round == 2, _events(op)
     assert _round(op, 2).params["message"] == "colour? (2/2)"
     with pytest.raises(InputAnswerRefused, match="already answered"):
         _answer(op, 1, "again")
@@ -193,6 +200,31 @@ def test_two_rounds_in_one_task(server: ToolServer) -> None:
     assert receipt.payload["payload"]["structuredContent"] == {"answers": ["a", "b"]}
     assert [r.status for r in InputRequest.objects.filter(operation=op).order_by("round")] == [
         "answered", "answered"]
+
+
+def test_a_request_id_the_sdk_reuses_for_the_same_question_opens_the_next_round(
+        server: ToolServer) -> None:
+    """mcp 1.30 ends a task's request id in `id(params)`, which CPython recycles: round 2 often
+    carries round 1's id. `same_request_id` makes that certain; the question is asked twice in
+    the same words, so only when the stream was opened tells the new request from a replay."""
+    op = _ask(server, "i-reused-id", rounds=2, numbered=False, same_request_id=True)
+    first = _round(op, 1)
+    assert _answer(op, 1, "a") == "delivered"
+    run_embedded(until_idle=True, max_seconds=15)
+    op.refresh_from_db()
+    assert op.state == State.INPUT_REQUIRED and op.input_round == 2, _events(op)
+    second = _round(op, 2)
+    assert second.server_request_id == first.server_request_id
+    assert second.params == first.params
+    opened = OperationEvent.objects.filter(operation=op, kind="input_round_opened").last()
+    assert opened is not None and opened.data["reused_request_ids"] == [first.server_request_id]
+    assert _answer(op, 2, "b") == "delivered"
+    run_embedded(until_idle=True, max_seconds=15)
+    op.refresh_from_db()
+    assert op.state == State.ACCEPTED, _events(op)
+    receipt = TerminalReceipt.objects.get(operation=op)
+    assert receipt.payload is not None
+    assert receipt.payload["payload"]["structuredContent"] == {"answers": ["a", "b"]}
 
 
 @override_settings(TOOLOPS_INPUT_EXPIRY_POLICY="reconcile")
