@@ -19,6 +19,7 @@ from django.db import connections, router
 from django.db.models import QuerySet
 
 from ledger.models import Operation, ToolServer
+from ledger.statements import statement_spelled
 
 Converter = Callable[[Any, Any, Any], Any]
 
@@ -31,16 +32,14 @@ class _Compiled:
     converters: list[tuple[int, list[Converter], Any]]
 
 
-_compiled: dict[tuple[str, str, str], _Compiled] = {}
-
-
 def _compile(alias: str, *, by: str = "operation") -> _Compiled:
     """The read `by` names ("operation": a row with its server by id; "server": a server by
     name), compiled once per connection alias and vendor."""
-    key = (alias, connections[alias].vendor, by)
-    found = _compiled.get(key)
-    if found is not None:
-        return found
+    return statement_spelled(site="row_read", shape=(alias, connections[alias].vendor, by),
+                             spell=lambda: _compiled(alias, by=by))
+
+
+def _compiled(alias: str, *, by: str) -> _Compiled:
     query: QuerySet[Any]
     if by == "server":
         query = ToolServer.objects.using(alias).filter(name="")
@@ -55,9 +54,7 @@ def _compile(alias: str, *, by: str = "operation") -> _Compiled:
     if len(columns) != len(op_fields) + len(server_fields):
         raise RuntimeError(f"the {by} read does not have the columns its models declare")
     converters = [(i, convs, expr) for i, (convs, expr) in compiler.get_converters(columns).items()]
-    found = _Compiled(sql=sql, op_fields=op_fields, server_fields=server_fields, converters=converters)
-    _compiled[key] = found
-    return found
+    return _Compiled(sql=sql, op_fields=op_fields, server_fields=server_fields, converters=converters)
 
 
 def _fetch_one(alias: str, compiled: _Compiled, params: list[Any]) -> list[Any] | None:
@@ -98,18 +95,16 @@ def operation_load(*, operation_id: uuid.UUID) -> Operation | None:
     return op
 
 
-_KEY_TAKEN_SQL: dict[str, str] = {}
-
-
 def operation_submission_key_taken(*, submission_key: str) -> bool:
     """Whether a row holds `submission_key` (as `filter(submission_key=...).exists()` asks),
     answered from the key's unique index."""
     alias = router.db_for_read(Operation)
-    sql = _KEY_TAKEN_SQL.get(alias)
-    if sql is None:
+
+    def spell() -> str:
         query = Operation.objects.using(alias).filter(submission_key="").values("pk")[:1]
-        compiled_sql, _params = query.query.get_compiler(using=alias).as_sql()
-        sql = _KEY_TAKEN_SQL[alias] = compiled_sql
+        return str(query.query.get_compiler(using=alias).as_sql()[0])
+
+    sql = statement_spelled(site="submission_key_taken", shape=alias, spell=spell)
     with connections[alias].cursor() as cursor:
         cursor.execute(sql, [submission_key])
         return cursor.fetchone() is not None

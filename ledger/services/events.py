@@ -20,18 +20,13 @@ from django.utils import timezone
 from ledger.errors import OperationNotFound
 from ledger.models import Operation, OperationEvent
 from ledger.services.inserts import row_insert, row_insert_statement
+from ledger.statements import statement_spelled
 
 
 @functools.cache
 def _event_columns() -> tuple[Any, ...]:
     """The event's columns an append writes, in model order (the key and `seq` are computed)."""
     return tuple(f for f in OperationEvent._meta.concrete_fields if f.attname not in ("id", "seq"))
-
-
-# The append's statement is the same text every time: spelled once per connection alias (quoting
-# and joining the identifiers on every append cost more than preparing the values). Whole values
-# are stored, so two threads spelling it at once store the same text.
-_APPEND_ONE_SQL: dict[str, str] = {}
 
 
 def event_append_locked(
@@ -59,15 +54,16 @@ def event_append_locked(
     columns = _event_columns()
     values = [f.get_db_prep_save(getattr(event, f.attname), connection) for f in columns]
     op_id_value = OperationEvent._meta.get_field("operation").get_db_prep_value(operation_id, connection)
-    sql = _APPEND_ONE_SQL.get(connection.alias)
-    if sql is None:
+
+    def spell() -> str:
         qn = connection.ops.quote_name
         table = qn(OperationEvent._meta.db_table)
-        sql = _APPEND_ONE_SQL[connection.alias] = (
-            f"INSERT INTO {table} ({', '.join(qn(f.column) for f in columns)}, {qn('seq')}) "
-            f"SELECT {', '.join(['%s'] * len(columns))}, COALESCE(MAX({qn('seq')}), 0) + 1 "
-            f"FROM {table} WHERE {qn('operation_id')} = %s RETURNING {qn('id')}, {qn('seq')}"
-        )
+        return (f"INSERT INTO {table} ({', '.join(qn(f.column) for f in columns)}, {qn('seq')}) "
+                f"SELECT {', '.join(['%s'] * len(columns))}, COALESCE(MAX({qn('seq')}), 0) + 1 "
+                f"FROM {table} WHERE {qn('operation_id')} = %s RETURNING {qn('id')}, {qn('seq')}")
+
+    # The same text on every append: quoting the identifiers each time cost more than the values.
+    sql = statement_spelled(site="event_append", shape=connection.alias, spell=spell)
     with connection.cursor() as cursor:
         cursor.execute(sql, [*values, op_id_value])
         event.id, event.seq = cursor.fetchone()
@@ -158,9 +154,6 @@ def operation_record_event(
         )
 
 
-_FIRST_EVENT_SQL: dict[tuple[str, str], str] = {}
-
-
 def operation_insert_with_first_event(
     *, op: Operation, kind: str, data: Mapping[str, Any] | None = None,
 ) -> Operation | None:
@@ -194,18 +187,18 @@ def operation_insert_with_first_event(
     columns = [f for f in _event_columns() if f.attname != "operation_id"]
     values = [f.get_db_prep_save(getattr(event, f.attname), connection) for f in columns]
     meta = Operation._meta
-    key = (alias, op_sql)
-    sql = _FIRST_EVENT_SQL.get(key)
-    if sql is None:
+
+    def spell() -> str:
         qn = connection.ops.quote_name
         pk = qn(meta.pk.column)  # type: ignore[union-attr]
         event_columns = [OperationEvent._meta.get_field("operation").column, *(f.column for f in columns)]
-        sql = _FIRST_EVENT_SQL[key] = (
-            f"WITH o AS ({op_sql} RETURNING {pk}) "
-            f"INSERT INTO {qn(OperationEvent._meta.db_table)} "
-            f"({', '.join(qn(c) for c in event_columns)}, {qn('seq')}) "
-            f"SELECT o.{pk}, {', '.join(['%s'] * len(columns))}, 1 FROM o RETURNING {qn('id')}"
-        )
+        return (f"WITH o AS ({op_sql} RETURNING {pk}) "
+                f"INSERT INTO {qn(OperationEvent._meta.db_table)} "
+                f"({', '.join(qn(c) for c in event_columns)}, {qn('seq')}) "
+                f"SELECT o.{pk}, {', '.join(['%s'] * len(columns))}, 1 FROM o RETURNING {qn('id')}")
+
+    sql = statement_spelled(site="operation_insert_with_first_event", shape=(alias, op_sql),
+                            spell=spell)
     with connection.cursor() as cursor:
         cursor.execute(sql, [*op_values, *values])
         if cursor.fetchone() is None:

@@ -17,12 +17,10 @@ from django.db.models import Model
 from django.db.models.fields import AutoFieldMixin
 from django.db.models.signals import post_save, pre_save
 
+from ledger.statements import statement_spelled
+
 M = TypeVar("M", bound=Model)
 
-# The statement's text per model, connection alias and whether the key is generated: the same
-# every time, so spelled once (quoting some forty column names per insert cost more than the
-# round trip's own Python). Whole values are stored: two threads spelling it store the same text.
-_INSERT_SQL: dict[tuple[type[Model], str, bool, bool], str] = {}
 
 
 @overload
@@ -85,9 +83,8 @@ def row_insert_statement(instance: Model, *, skip_conflict: bool = False
     generated = isinstance(pk, AutoFieldMixin) and getattr(instance, pk.attname) is None
     fields = [f for f in meta.concrete_fields if not (generated and f is pk)]
     values = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
-    key = (model, alias, generated, skip_conflict)
-    sql = _INSERT_SQL.get(key)
-    if sql is None:
+
+    def spell() -> str:
         qn = connection.ops.quote_name
         sql = (f"INSERT INTO {qn(meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) "
                f"VALUES ({', '.join(['%s'] * len(fields))})")
@@ -95,5 +92,9 @@ def row_insert_statement(instance: Model, *, skip_conflict: bool = False
             sql += " ON CONFLICT DO NOTHING"
         if generated:
             sql += f" RETURNING {qn(pk.column)}"  # type: ignore[union-attr]
-        _INSERT_SQL[key] = sql
+        return sql
+
+    # The text depends on the model, the alias and these two switches only (ledger/statements.py).
+    sql = statement_spelled(site="row_insert", shape=(model, alias, generated, skip_conflict),
+                            spell=spell)
     return alias, sql, values, generated

@@ -21,6 +21,7 @@ from django.utils import timezone
 from ledger.errors import IllegalTransition, OperationNotFound
 from ledger.models import Operation
 from ledger.services.events import EventSpec, event_append_locked, event_append_many_locked
+from ledger.statements import statement_spelled
 from ledger.states import TRANSITIONS, State
 
 
@@ -58,11 +59,6 @@ def _direct(name: str, value: Any) -> bool:
     return True
 
 
-# Statement text by shape (see _guarded_update); whole values are stored, so two threads spelling
-# one shape at once store the same text. The shapes are the code's own call sites: a few dozen.
-_UPDATE_SQL: dict[tuple[Any, ...], str] = {}
-
-
 def _guarded_update(*, guards: Mapping[str, Any], fields: Mapping[str, Any],
                     returning: Sequence[str] = ()) -> tuple[int, tuple[Any, ...] | None]:
     """The compare-and-set UPDATE of one row: (rows matched, the `returning` columns or None).
@@ -91,11 +87,8 @@ def _guarded_update(*, guards: Mapping[str, Any], fields: Mapping[str, Any],
         params.append(step if step is not None else _column(name).get_db_prep_save(value, connection))
     for key, value in guards.items():
         params.append(_column(key.partition("__")[0]).get_db_prep_value(value, connection))
-    # The text depends only on the statement's shape (which columns, which are increments, which
-    # guards, what is read back): spelled once per shape, not quoted and joined on every write.
-    shape = (connection.alias, tuple(fields), tuple(steps), tuple(guards), tuple(returning))
-    sql = _UPDATE_SQL.get(shape)
-    if sql is None:
+
+    def spell() -> str:
         qn = connection.ops.quote_name
         sets = [f"{qn(_column(name).column)} = {qn(_column(name).column)} + %s" if step
                 else f"{qn(_column(name).column)} = %s" for name, step in zip(fields, steps, strict=True)]
@@ -106,7 +99,12 @@ def _guarded_update(*, guards: Mapping[str, Any], fields: Mapping[str, Any],
         sql = f"UPDATE {qn(meta.db_table)} SET {', '.join(sets)} WHERE {' AND '.join(where)}"
         if returning:
             sql += f" RETURNING {', '.join(qn(_column(n).column) for n in returning)}"
-        _UPDATE_SQL[shape] = sql
+        return sql
+
+    # The text depends only on the statement's shape (which columns, which are increments, which
+    # guards, what is read back); the shapes are the code's own call sites, a few dozen.
+    sql = statement_spelled(site="guarded_update", spell=spell, shape=(
+        connection.alias, tuple(fields), tuple(steps), tuple(guards), tuple(returning)))
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         if returning:

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from ledger.models import Operation, OperationDue
 from ledger.services.schedule import schedule_at, schedule_leased
+from ledger.statements import statement_spelled
 from ledger.states import POLLABLE, State
 
 # SUBMITTING rows are claimable only after their submitter's lease ran out (see operation_poll).
@@ -79,19 +80,17 @@ def next_claimable_at(*, path: str | None = None,
         return (_due_entries(path=path, server_ids=server_ids).order_by("due_at")
                 .values_list("due_at", flat=True).first())
     clauses, params = _due_scope(path=path, server_ids=server_ids)
-    key = (connection.alias, path is not None, server_ids is not None)
-    sql = _NEXT_DUE_SQL.get(key)
-    if sql is None:
+
+    def spell() -> str:
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-        sql = _NEXT_DUE_SQL[key] = (f'SELECT "due_at" FROM "{OperationDue._meta.db_table}"'
-                                    f'{where} ORDER BY "due_at" LIMIT 1')
+        return f'SELECT "due_at" FROM "{OperationDue._meta.db_table}"{where} ORDER BY "due_at" LIMIT 1'
+
+    sql = statement_spelled(site="next_claimable_at", spell=spell,
+                            shape=(connection.alias, path is not None, server_ids is not None))
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     return None if row is None else row[0]
-
-
-_NEXT_DUE_SQL: dict[tuple[str, bool, bool], str] = {}
 
 
 def _claimable_states_sql() -> str:
@@ -100,9 +99,6 @@ def _claimable_states_sql() -> str:
     column = Operation._meta.get_field("state").column
     states = ", ".join(f"'{state.value}'" for state in sorted(CLAIMABLE))  # fixed enum values
     return f'"{column}" IN ({states})'
-
-
-_CLAIM_SQL: dict[tuple[str, bool, bool], str] = {}
 
 
 def _claim_sql(*, alias: str, by_path: bool, by_servers: bool) -> str:
@@ -125,10 +121,11 @@ def _claim_sql(*, alias: str, by_path: bool, by_servers: bool) -> str:
 
     Parameters: owner, lease end (twice: lease and next poll time), now, [path], [server ids],
     now twice, batch."""
-    key = (alias, by_path, by_servers)
-    cached = _CLAIM_SQL.get(key)
-    if cached is not None:
-        return cached
+    return statement_spelled(site="claim", shape=(alias, by_path, by_servers),
+                             spell=lambda: _claim_spelled(by_path=by_path, by_servers=by_servers))
+
+
+def _claim_spelled(*, by_path: bool, by_servers: bool) -> str:
     meta = Operation._meta
     table = meta.db_table
     due_table = OperationDue._meta.db_table
@@ -148,7 +145,6 @@ def _claim_sql(*, alias: str, by_path: bool, by_servers: bool) -> str:
     sql = (f'UPDATE "{table}" AS o SET {col("lease_owner")} = %s, {lease} = %s, {due} = %s, '
            f'{col("poll_attempts")} = o.{col("poll_attempts")} + 1 '
            f'FROM ({candidates}) AS due WHERE o.{pk} = due.{pk} RETURNING o.{pk}')
-    _CLAIM_SQL[key] = sql
     return sql
 
 
