@@ -20,6 +20,18 @@ def request_key(request_id: str | int) -> str:
     return json.dumps(request_id)
 
 
+def requests_distinct(requests: list[ServerRequest]) -> list[ServerRequest]:
+    """The first of each request id in one read: a request sent twice in one window is one round."""
+    seen: set[str] = set()
+    distinct = []
+    for request in requests:
+        key = request_key(request.request_id)
+        if key not in seen:
+            seen.add(key)
+            distinct.append(request)
+    return distinct
+
+
 def delivered_request_keys(*, operation_id: uuid.UUID) -> frozenset[str]:
     """Server request ids whose every round so far has had its answer delivered."""
     delivered: set[str] = set()
@@ -48,10 +60,8 @@ def requests_unseen(*, operation_id: uuid.UUID, requests: list[ServerRequest],
     """
     fresh: list[ServerRequest] = []
     reused: list[str] = []
-    for request in requests:
+    for request in requests_distinct(requests):
         key = request_key(request.request_id)
-        if any(request_key(r.request_id) == key for r in fresh):
-            continue  # the same request twice in one read
         earlier = list(InputRequest.objects.filter(
             operation_id=operation_id, server_request_id=key).values_list("delivered_at", "params"))
         if earlier:

@@ -37,7 +37,12 @@ from ledger.states import State
 from toolops.services.answer_checks import InputAnswerRefused, elicitation_result
 from toolops.services.cancel import CancelRefused, operation_cancel
 from toolops.services.connections import adapter_for_server, server_call
-from toolops.services.input_replays import delivered_request_keys, request_key, requests_unseen
+from toolops.services.input_replays import (
+    delivered_request_keys,
+    request_key,
+    requests_distinct,
+    requests_unseen,
+)
 from toolops.services.json_input import JsonInputRefused, json_input_check
 from toolops.services.permissions import SYSTEM, Action, Actor, operation_tenant, permission_require
 from toolops.services.reconcile import operation_to_reconciliation
@@ -162,6 +167,7 @@ def operation_open_round_on_create(
     except AdapterError as exc:
         logger.info("create reply of %s is input_required; request not read yet: %s", op.id, exc)
         return False
+    requests = requests_distinct(requests)  # no round exists yet: only repeats within the read
     if not requests:
         return False
     with transaction.atomic():

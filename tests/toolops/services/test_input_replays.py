@@ -11,7 +11,12 @@ from django.utils import timezone
 from adapters.base import ServerRequest
 from ledger.models import InputRequest, Operation
 from tests.ledger.factories import InputRequestFactory, OperationFactory
-from toolops.services.input_replays import delivered_request_keys, request_key, requests_unseen
+from toolops.services.input_replays import (
+    delivered_request_keys,
+    request_key,
+    requests_distinct,
+    requests_unseen,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -91,6 +96,12 @@ def test_the_same_request_twice_in_one_read_opens_one_round_and_ids_keep_their_t
     op = OperationFactory()
     assert _decide(op, [_request("5"), _request("5"), _request(5)], delivered_before=frozenset(),
                    read_started=time.monotonic()) == (["5", 5], [])
+
+
+def test_requests_distinct_keeps_the_first_of_each_id_in_read_order() -> None:
+    first, other = _request(7), _request("7")
+    again = _request(7, params={"message": "x", "requestedSchema": {}})
+    assert requests_distinct([first, again, other]) == [first, other]
 
 
 def test_the_database_refuses_two_undelivered_rounds_with_one_id_and_allows_reuse_after_delivery(
