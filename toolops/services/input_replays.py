@@ -46,9 +46,10 @@ def _content(params: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if k != "_meta"}
 
 
-def requests_unseen(*, operation_id: uuid.UUID, requests: list[ServerRequest],
-            delivered_before: frozenset[str], read_started: float,
-            ) -> tuple[list[ServerRequest], list[str]]:
+def requests_unseen(
+    *, operation_id: uuid.UUID, requests: list[ServerRequest], delivered_before: frozenset[str],
+    read_started: float,
+) -> tuple[list[ServerRequest], list[str]]:
     """The requests that open new rounds, and which of them reuse an earlier round's id.
 
     A request whose id no round has is new. One whose id belongs to a round still waiting for

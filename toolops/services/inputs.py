@@ -119,7 +119,8 @@ def operation_open_input_round(
             # current epoch would be a lie. operation_poll records an epoch refusal.
             return "stale"
         fresh, reused = requests_unseen(operation_id=op.id, requests=requests,
-                                delivered_before=delivered_before, read_started=read_started)
+                                        delivered_before=delivered_before,
+                                        read_started=read_started)
         if locked.state != State.WORKING:
             fresh = []  # moved on (a cancel) under our lease: release it, the status decides
         if not fresh:
