@@ -36,10 +36,10 @@ def _compile(alias: str, *, by: str = "operation") -> _Compiled:
     """The read `by` names ("operation": a row with its server by id; "server": a server by
     name), compiled once per connection alias and vendor."""
     return statement_spelled(site="row_read", shape=(alias, connections[alias].vendor, by),
-                             spell=lambda: _compiled(alias, by=by))
+                             spell=lambda: _read_spelled(alias, by=by))
 
 
-def _compiled(alias: str, *, by: str) -> _Compiled:
+def _read_spelled(alias: str, *, by: str) -> _Compiled:
     query: QuerySet[Any]
     if by == "server":
         query = ToolServer.objects.using(alias).filter(name="")

@@ -22,7 +22,6 @@ from ledger.statements import statement_spelled
 M = TypeVar("M", bound=Model)
 
 
-
 @overload
 def row_insert(instance: M) -> M: ...
 

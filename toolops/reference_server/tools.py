@@ -162,14 +162,18 @@ def work_for(name: str, args: dict[str, Any]) -> Work:
         if args.get("same_request_id"):
             _pin_request_ids(task)
         answers: list[str] = []
-        for i in range(rounds):
-            message = f"{args['question']} ({i + 1}/{rounds})" if numbered else args["question"]
-            # SDK path: status -> input_required, request queued for the tasks/result stream,
-            # tagged with related-task _meta; resolves when the client POSTs its response.
-            reply = await task.elicit(message=message, requestedSchema=ANSWER_SCHEMA)
-            if reply.action != "accept" or not reply.content or "value" not in reply.content:
-                return text_result(f"input {reply.action}", structured={"answers": answers}, is_error=True)
-            answers.append(str(reply.content["value"]))
+        try:
+            for i in range(rounds):
+                message = f"{args['question']} ({i + 1}/{rounds})" if numbered else args["question"]
+                # SDK path: status -> input_required, request queued for the tasks/result stream,
+                # tagged with related-task _meta; resolves when the client POSTs its response.
+                reply = await task.elicit(message=message, requestedSchema=ANSWER_SCHEMA)
+                if reply.action != "accept" or not reply.content or "value" not in reply.content:
+                    return text_result(f"input {reply.action}", structured={"answers": answers},
+                                       is_error=True)
+                answers.append(str(reply.content["value"]))
+        finally:
+            _PINNED_TASKS.discard(task.task_id)  # the set lives as long as the server
         return text_result("answers: " + ",".join(answers), structured={"answers": answers})
 
     async def sleep_then_value(_: ServerTaskContext) -> types.Result:

@@ -59,12 +59,19 @@ def requests_unseen(
     came on a stream opened after the answer was delivered (a server hands a stream request out
     once, so the answered one cannot come again). Anything else is treated as the replay it may be.
     """
+    distinct = requests_distinct(requests)
+    # One read of every earlier round these ids name, not one per request.
+    earlier_by_key: dict[str, list[tuple[Any, dict[str, Any]]]] = {}
+    for key, delivered_at, params in InputRequest.objects.filter(
+            operation_id=operation_id,
+            server_request_id__in=[request_key(r.request_id) for r in distinct],
+    ).values_list("server_request_id", "delivered_at", "params"):
+        earlier_by_key.setdefault(key, []).append((delivered_at, params))
     fresh: list[ServerRequest] = []
     reused: list[str] = []
-    for request in requests_distinct(requests):
+    for request in distinct:
         key = request_key(request.request_id)
-        earlier = list(InputRequest.objects.filter(
-            operation_id=operation_id, server_request_id=key).values_list("delivered_at", "params"))
+        earlier = earlier_by_key.get(key, [])
         if earlier:
             all_delivered = all(delivered_at is not None for delivered_at, _ in earlier)
             other_content = all(_content(params) != _content(request.params)
