@@ -14,6 +14,7 @@ import codecs
 import contextlib
 import dataclasses
 import email.utils
+import json
 import queue
 import secrets
 import socket
@@ -26,6 +27,7 @@ from typing import Any
 
 import httpx
 import pydantic
+from httpx._exceptions import request_context
 from mcp_types import jsonrpc as rpc
 
 from adapters import decode, limits
@@ -196,6 +198,10 @@ def _transport_errors(method: str, detail: dict[str, Any], deadline: float | Non
         ) from exc
 
 
+def _json_bytes(body: Any) -> bytes:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
 class JsonRpcClient:
     """Sends JSON-RPC messages to one Streamable HTTP endpoint. Thread-safe for requests."""
 
@@ -219,6 +225,10 @@ class JsonRpcClient:
         self._client = httpx.Client(transport=transport, timeout=timeout_s, follow_redirects=False)
         if transport is None:
             install_deadline(self._client)
+        # The client's own headers (User-Agent, Accept-Encoding...), lower-cased once: _post merges
+        # them with each request's instead of httpx.Client doing it per request.
+        self._default_headers = {k.lower(): v for k, v in self._client.headers.items()}
+        self._default_timeout = httpx.Timeout(timeout_s).as_dict()
         # Ids must be unique across every client sharing one MCP session (several workers):
         # mcp 1.30 routes a stream's messages by request id, so a collision would cross streams.
         self._id_prefix = secrets.token_hex(6)
@@ -257,6 +267,39 @@ class JsonRpcClient:
 
     def _request_headers(self) -> dict[str, str]:
         return {"Accept": ACCEPT, "Content-Type": "application/json", **self.headers}
+
+    @contextlib.contextmanager
+    def _post(self, url: str, body: Any, *, timeout: httpx.Timeout | None = None) -> Iterator[httpx.Response]:
+        """POST `body` as JSON; yield the response with its body unread, closed on exit.
+
+        This is `httpx.Client.stream("POST", ...)` without the client's per-request machinery,
+        which cost about as much CPU as the exchange itself on a fast server: URL and header
+        merging, the auth and redirect loops, and a pass through the cookie jar (urllib's
+        cookie policy) on every response. None of it is needed. Redirects are never followed,
+        credentials are added by the transport, and cookies are still kept and sent: a
+        response that sets one goes through the jar, and a jar that holds any adds them.
+        The transport is the one the client would choose, including proxy mounts from the
+        environment."""
+        headers = dict(self._default_headers)
+        for name, value in self._request_headers().items():
+            headers[name.lower()] = value
+        # The bytes httpx's `json=` would send (its 0.28 encoding).
+        content = _json_bytes(body)
+        request = httpx.Request("POST", url, headers=headers, content=content, extensions={
+            "timeout": timeout.as_dict() if timeout is not None else self._default_timeout})
+        jar = self._client.cookies
+        if jar.jar:
+            jar.set_cookie_header(request)
+        transport = self._client._transport_for_url(request.url)
+        with request_context(request=request):
+            response = transport.handle_request(request)
+        try:
+            response.request = request
+            if "set-cookie" in response.headers:
+                jar.extract_cookies(response)
+            yield response
+        finally:
+            response.close()
 
     def call(
         self, *, method: str, params: dict[str, Any], timeout_s: float | None = None, creates: bool = False
@@ -298,9 +341,7 @@ class JsonRpcClient:
         body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
         detail: dict[str, Any] = {"method": method, "request_id": request_id}
         with _transport_errors(method, detail, deadline):
-            with self._client.stream(
-                "POST", self.url, json=body, headers=self._request_headers(), timeout=timeout
-            ) as response:
+            with self._post(self.url, body, timeout=timeout) as response:
                 if on_open is not None:
                     on_open(response)
                 detail["http_status"] = response.status_code
@@ -320,7 +361,7 @@ class JsonRpcClient:
         self.gate(what)
         deadline = time.monotonic() + self.request_deadline_s
         with _transport_errors(what, detail, deadline):
-            with self._client.stream("POST", url, json=body, headers=self._request_headers()) as response:
+            with self._post(url, body) as response:
                 raw = b"".join(self._body_chunks(response, detail=detail, deadline=deadline, method=what))
         return httpx.Response(response.status_code, headers=response.headers, content=raw,
                               request=response.request)
@@ -331,8 +372,7 @@ class JsonRpcClient:
         self.gate(what)
         deadline = time.monotonic() + self.request_deadline_s
         with _transport_errors(what, detail, deadline):
-            with self._client.stream("POST", self.url, json=message,
-                                     headers=self._request_headers()) as response:
+            with self._post(self.url, message) as response:
                 detail["http_status"] = response.status_code
                 if response.status_code in (200, 202, 204):
                     return

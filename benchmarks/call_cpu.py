@@ -66,6 +66,32 @@ def _postgres_cpu_s() -> float:
     return total / _TICKS
 
 
+def _package(filename: str) -> str:
+    """The package a profiled function's file belongs to: where a phase's CPU goes, by library."""
+    path = Path(filename)
+    parts = path.parts
+    if "site-packages" in parts:
+        return parts[parts.index("site-packages") + 1].removesuffix(".py")
+    root = Path(__file__).resolve().parents[1]
+    if path.is_absolute() and path.is_relative_to(root):
+        return "project:" + path.relative_to(root).parts[0].removesuffix(".py")
+    if filename.startswith("<") or filename == "~":
+        return "(builtins)"
+    return "stdlib:" + path.name.removesuffix(".py")
+
+
+def _by_package(stats: pstats.Stats, calls: int, *, top: int = 18) -> str:
+    """Own time (tottime) per package, per call: a diffuse profile still shows which library it is."""
+    totals: dict[str, float] = {}
+    for (filename, _line, _name), row in stats.stats.items():  # type: ignore[attr-defined]
+        totals[_package(filename)] = totals.get(_package(filename), 0.0) + row[2]
+    whole = sum(totals.values()) or 1.0
+    lines = [f"own CPU by package (ms/call, share), {calls} calls:"]
+    for package, seconds in sorted(totals.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"  {package:<32} {seconds / calls * 1000:6.3f}  {seconds / whole:6.1%}")
+    return "\n".join(lines)
+
+
 def _phase(name: str, calls: int, fn: Callable[[], object], *, profile: bool, top: int) -> None:
     """Run `fn` and print its figures per unit: per call, or per poll when `fn` returns a count."""
     # CPU time, not wall: a wait on PostgreSQL or the server is not this process's cost.
@@ -96,6 +122,7 @@ def _phase(name: str, calls: int, fn: Callable[[], object], *, profile: bool, to
         stats.sort_stats("cumulative").print_stats(top)
         stats.sort_stats("tottime").print_stats(top // 2)
         print(out.getvalue())
+        print(_by_package(stats, calls))
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from ledger.errors import OperationNotFound
 from ledger.models import Operation, OperationEvent
 from ledger.services.inserts import row_insert, row_insert_statement
 from ledger.statements import statement_spelled
+from ledger.values import value_for_db
 
 
 @functools.cache
@@ -52,7 +53,7 @@ def event_append_locked(
     )
     connection = connections[router.db_for_write(OperationEvent)]
     columns = _event_columns()
-    values = [f.get_db_prep_save(getattr(event, f.attname), connection) for f in columns]
+    values = [value_for_db(f, getattr(event, f.attname), connection) for f in columns]
     op_id_value = OperationEvent._meta.get_field("operation").get_db_prep_value(operation_id, connection)
 
     def spell() -> str:
@@ -106,7 +107,7 @@ def event_append_many_locked(
             to_state=spec.to_state, server_state=server_state, execution_epoch=execution_epoch,
             cancel_generation=cancel_generation, data=dict(spec.data or {}), created_at=now,
         )
-        params += [f.get_db_prep_save(getattr(event, f.attname), connection) for f in columns]
+        params += [value_for_db(f, getattr(event, f.attname), connection) for f in columns]
         params.append(k)
         rows.append(f"({', '.join(['%s'] * (len(columns) + 1))})")
     table = qn(meta.db_table)
@@ -185,7 +186,7 @@ def operation_insert_with_first_event(
     alias, op_sql, op_values, generated = row_insert_statement(op, skip_conflict=True)
     assert not generated  # the operation's key is a UUID chosen here, never the database's
     columns = [f for f in _event_columns() if f.attname != "operation_id"]
-    values = [f.get_db_prep_save(getattr(event, f.attname), connection) for f in columns]
+    values = [value_for_db(f, getattr(event, f.attname), connection) for f in columns]
     meta = Operation._meta
 
     def spell() -> str:

@@ -3,9 +3,9 @@
 
 `Model.save()` compiles its INSERT on every call and sends `pre_save`/`post_save`; compiling cost
 more CPU than the round trip. The values are prepared exactly as the ORM prepares them
-(`pre_save` for `auto_now_add`, `get_db_prep_save`), and the database-generated key is read back
-with RETURNING. If anyone listens to the model's save signals, the ORM's own save runs instead,
-so a project that hooks them keeps its hooks.
+(`pre_save` for `auto_now_add`, `get_db_prep_save` through `ledger/values.py`), and the
+database-generated key is read back with RETURNING. If anyone listens to the model's save
+signals, the ORM's own save runs instead, so a project that hooks them keeps its hooks.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from django.db.models.fields import AutoFieldMixin
 from django.db.models.signals import post_save, pre_save
 
 from ledger.statements import statement_spelled
+from ledger.values import value_for_db
 
 M = TypeVar("M", bound=Model)
 
@@ -81,7 +82,7 @@ def row_insert_statement(instance: Model, *, skip_conflict: bool = False
     pk = meta.pk
     generated = isinstance(pk, AutoFieldMixin) and getattr(instance, pk.attname) is None
     fields = [f for f in meta.concrete_fields if not (generated and f is pk)]
-    values = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
+    values = [value_for_db(f, f.pre_save(instance, True), connection) for f in fields]
 
     def spell() -> str:
         qn = connection.ops.quote_name

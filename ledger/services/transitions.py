@@ -23,6 +23,7 @@ from ledger.models import Operation
 from ledger.services.events import EventSpec, event_append_locked, event_append_many_locked
 from ledger.statements import statement_spelled
 from ledger.states import TRANSITIONS, State
+from ledger.values import value_for_db
 
 
 def _atomic() -> AbstractContextManager[Any]:
@@ -84,7 +85,7 @@ def _guarded_update(*, guards: Mapping[str, Any], fields: Mapping[str, Any],
     for name, value in fields.items():
         step = _increment(value)
         steps.append(step is not None)
-        params.append(step if step is not None else _column(name).get_db_prep_save(value, connection))
+        params.append(step if step is not None else value_for_db(_column(name), value, connection))
     for key, value in guards.items():
         params.append(_column(key.partition("__")[0]).get_db_prep_value(value, connection))
 
