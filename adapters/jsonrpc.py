@@ -279,7 +279,8 @@ class JsonRpcClient:
         credentials are added by the transport, and cookies are still kept and sent: a
         response that sets one goes through the jar, and a jar that holds any adds them.
         The transport is the one the client would choose, including proxy mounts from the
-        environment."""
+        environment. `request_context` and `_transport_for_url` are httpx internals (pinned
+        0.28.1): tests/adapters/test_jsonrpc_send.py fails if the request drifts from the client's."""
         headers = dict(self._default_headers)
         for name, value in self._request_headers().items():
             headers[name.lower()] = value

@@ -41,7 +41,7 @@ def test_the_request_is_what_httpx_client_stream_would_send() -> None:
 
     # The same request built by httpx.Client, as the client used to send it.
     reference = httpx.Client(timeout=7.0).build_request(
-        "POST", URL, json=params_body(ours), headers=client._request_headers(), timeout=httpx.Timeout(3.0))
+        "POST", URL, json=_sent_body(ours), headers=client._request_headers(), timeout=httpx.Timeout(3.0))
     assert ours.method == "POST" and ours.url == reference.url
     assert ours.content == reference.content  # the JSON bytes, byte for byte
     assert dict(ours.headers) == dict(reference.headers)
@@ -49,7 +49,7 @@ def test_the_request_is_what_httpx_client_stream_would_send() -> None:
     assert ours.headers["mcp-session-id"] == "s-1"
 
 
-def params_body(request: httpx.Request) -> Any:
+def _sent_body(request: httpx.Request) -> Any:
     return json.loads(request.content)
 
 
