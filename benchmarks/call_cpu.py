@@ -84,7 +84,8 @@ def _by_package(stats: pstats.Stats, calls: int, *, top: int = 18) -> str:
     """Own time (tottime) per package, per call: a diffuse profile still shows which library it is."""
     totals: dict[str, float] = {}
     for (filename, _line, _name), row in stats.stats.items():  # type: ignore[attr-defined]
-        totals[_package(filename)] = totals.get(_package(filename), 0.0) + row[2]
+        package = _package(filename)
+        totals[package] = totals.get(package, 0.0) + row[2]
     whole = sum(totals.values()) or 1.0
     lines = [f"own CPU by package (ms/call, share), {calls} calls:"]
     for package, seconds in sorted(totals.items(), key=lambda kv: -kv[1])[:top]:
