@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, router, transaction
+from django.db.models.signals import post_save, pre_save
 from django.utils import timezone
 
 from ledger.errors import AcceptanceRefused, OperationNotFound
 from ledger.models import InputRequest, Operation, OperationEvent, OutboxEvent, TerminalReceipt
-from ledger.services.events import operation_record_event
-from ledger.services.inserts import row_insert
+from ledger.services.events import EventSpec, operation_record_event
+from ledger.services.inserts import row_insert, row_insert_statement
 from ledger.services.shadow import shadow_comparisons_complete_locked
 from ledger.services.terminal import (
     claim_check,
@@ -29,7 +31,9 @@ from ledger.services.terminal import (
     operation_finalize_locked,
     operation_finalized_event_locked,
 )
+from ledger.statements import statement_spelled
 from ledger.states import TerminalStatus
+from ledger.values import value_for_db
 
 logger = logging.getLogger("ledger.acceptance")
 
@@ -47,12 +51,15 @@ def _accept_locked(
     result_digest: str,
     locked: Operation | None = None,
     written_final: bool = False,
+    events_before: Sequence[EventSpec] = (),
 ) -> TerminalReceipt:
     # `locked`: the caller's guarded UPDATE in this transaction already locked the row and read
     # its fields back (RETURNING); the checks below run against those, not against the claim.
     # `written_final`: that UPDATE also wrote the final state (from `locked.state`, as it was
     # before), so only the `accepted` event is left to write; a refusal then leaves the caller's
     # transaction holding a final state without a receipt, which the caller must roll back.
+    # `events_before`: with `written_final`, the events of that UPDATE's way to the final state,
+    # left for this function to write with `accepted` (one INSERT).
     op = locked if locked is not None else (
         Operation.objects.select_for_update().filter(id=operation_id).first())
     if op is None:
@@ -76,7 +83,7 @@ def _accept_locked(
     # ON CONFLICT DO NOTHING rather than a caught IntegrityError: a second receipt for the call
     # node and epoch (or the operation) is refused without aborting the transaction, so the
     # caller's transaction goes on to record the refusal without a savepoint around this block.
-    receipt = row_insert(TerminalReceipt(
+    receipt = _receipt_with_outbox_insert(receipt=TerminalReceipt(
         operation=op,
         tenant=op.tenant,
         call_node_id=op.call_node_id,
@@ -90,28 +97,25 @@ def _accept_locked(
         # A cancelled call has no success payload; anything fetched joins the audit record.
         payload=None if cancelled else op.result,
         audit={"result_kind": op.result_kind, "late_result": op.result} if cancelled else {},
-    ), skip_conflict=True)
+    ), outbox_payload={
+        "operation_id": str(op.id),
+        "call_node_id": op.call_node_id,
+        "execution_epoch": op.execution_epoch,
+        "terminal_status": terminal_status,
+        "result_digest": op.result_digest,
+        "payload": None if cancelled else op.result,
+    })
     if receipt is None:
         raise AcceptanceRefused(
             f"a receipt already exists for call node {op.call_node_id} epoch {op.execution_epoch}",
             field="receipt",
         )
-    # The receipt was inserted just now, so its one outbox row cannot conflict.
-    row_insert(OutboxEvent(
-        receipt=receipt,
-        payload={
-            "receipt_id": receipt.pk,
-            "operation_id": str(op.id),
-            "call_node_id": op.call_node_id,
-            "execution_epoch": op.execution_epoch,
-            "terminal_status": terminal_status,
-            "result_digest": op.result_digest,
-            "payload": receipt.payload,
-        },
-    ))
 
-    # Shadows of this call that finished first wait for this receipt to be compared.
-    shadow_comparisons_complete_locked(legacy=op, receipt=receipt)
+    # Shadows of this call that finished first wait for this receipt to be compared. Only a
+    # synchronous (legacy) call ever has a shadow (toolops/services/submit.py: shadow_submit
+    # refuses any other), so a task-mode row skips the probe.
+    if op.execution_mode == "sync":
+        shadow_comparisons_complete_locked(legacy=op, receipt=receipt)
     # An ended operation's open input rounds can never be answered (however it ended: the
     # server's terminal state, a confirmed cancel, an operator's attested one). Same transaction
     # as the receipt, so no gate ever offers an answer for an accepted row. A row that never
@@ -124,10 +128,63 @@ def _accept_locked(
     if written_final:
         operation_finalized_event_locked(op=op, final_state=final_state,
                                          terminal_status=terminal_status, event_kind="accepted",
-                                         event_data=event_data)
+                                         event_data=event_data, before=events_before)
     else:
         operation_finalize_locked(op=op, final_state=final_state, terminal_status=terminal_status,
                                   event_kind="accepted", event_data=event_data)
+    return receipt
+
+
+def _receipt_with_outbox_insert(*, receipt: TerminalReceipt, outbox_payload: dict[str, Any]
+                                ) -> TerminalReceipt | None:
+    """INSERT the receipt, skipping a conflict (one receipt per call node and epoch, and per
+    operation: None, nothing written), and its one outbox row, whose payload is `outbox_payload`
+    with the receipt's key as `receipt_id`.
+
+    On PostgreSQL one statement: the outbox INSERT reads the receipt's generated key from a
+    data-modifying CTE and adds it to the payload (jsonb keeps no key order, so the stored
+    payload is the one the two-statement form writes), and a skipped receipt leaves the outbox
+    INSERT nothing to read. The receipt was inserted just now, so its outbox row cannot
+    conflict. Elsewhere (SQLite, or a project listening to the models' save signals) the same
+    two writes as two statements."""
+    connection = connections[router.db_for_write(TerminalReceipt)]
+    hooked = any(signal.has_listeners(model) for signal in (pre_save, post_save)
+                 for model in (TerminalReceipt, OutboxEvent))
+    if (connection.vendor != "postgresql" or hooked
+            or router.db_for_write(OutboxEvent) != connection.alias):
+        inserted = row_insert(receipt, skip_conflict=True)
+        if inserted is not None:
+            row_insert(OutboxEvent(receipt=inserted,
+                                   payload={"receipt_id": inserted.pk, **outbox_payload}))
+        return inserted
+    alias, receipt_sql, receipt_values, generated = row_insert_statement(receipt, skip_conflict=True)
+    assert generated  # the receipt's key is the database's (BigAutoField)
+    outbox = OutboxEvent(payload=outbox_payload)
+    # Every column but the key, the receipt (read from the CTE) and the payload (completed there).
+    columns = [f for f in OutboxEvent._meta.concrete_fields
+               if f.attname not in ("id", "receipt_id", "payload")]
+    values = [value_for_db(f, f.pre_save(outbox, True), connection) for f in columns]
+    payload_value = value_for_db(OutboxEvent._meta.get_field("payload"), outbox_payload, connection)
+
+    def spell() -> str:
+        qn = connection.ops.quote_name
+        names = ", ".join(qn(f.column) for f in columns)
+        return (f"WITH r AS ({receipt_sql}) "
+                f"INSERT INTO {qn(OutboxEvent._meta.db_table)} "
+                f"({qn('receipt_id')}, {qn('payload')}, {names}) "
+                f"SELECT r.{qn('id')}, %s::jsonb || jsonb_build_object('receipt_id', r.{qn('id')}), "
+                f"{', '.join(['%s'] * len(columns))} FROM r RETURNING {qn('receipt_id')}")
+
+    sql = statement_spelled(site="receipt_with_outbox_insert", shape=(alias, receipt_sql),
+                            spell=spell)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*receipt_values, payload_value, *values])
+        row = cursor.fetchone()
+    if row is None:
+        return None  # the receipt met a unique constraint: neither row was written
+    receipt.pk = row[0]
+    receipt._state.adding = False
+    receipt._state.db = alias
     return receipt
 
 
@@ -171,6 +228,7 @@ def operation_accept_terminal_within(
     result_digest: str,
     locked: Operation | None = None,
     written_final: bool = False,
+    events_before: Sequence[EventSpec] = (),
 ) -> TerminalReceipt:
     """The same acceptance, inside the caller's durable transaction (the poll cycle that fetched
     and stored the result): one commit for the terminal answer, the result, the receipt and the
@@ -187,6 +245,8 @@ def operation_accept_terminal_within(
     carries the state it came from, every check runs as above, and only the `accepted` event is
     written here. A refusal is then not recorded here: the caller's transaction holds a final
     state without a receipt and must be rolled back, and the caller records the refusal after.
+    `events_before` are that UPDATE's events, left unwritten for the `accepted` event's INSERT
+    (operation_transition_path's `events_out`).
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("operation_accept_terminal_within needs the caller's transaction")
@@ -197,6 +257,7 @@ def operation_accept_terminal_within(
             descriptor_version=descriptor_version, execution_epoch=execution_epoch,
             cancel_generation=cancel_generation, terminal_status=terminal_status,
             result_digest=result_digest, locked=locked, written_final=written_final,
+            events_before=events_before,
         )
     except AcceptanceRefused as exc:
         if written_final:

@@ -8,14 +8,14 @@ whose row count is checked.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.utils import timezone
 
 from ledger.errors import AcceptanceRefused
 from ledger.models import Operation
-from ledger.services.events import event_append_locked
+from ledger.services.events import EventSpec, event_append_many_locked
 from ledger.services.schedule import schedule_cleared
 from ledger.services.transitions import operation_transition
 from ledger.states import State, TerminalStatus
@@ -61,15 +61,20 @@ def operation_finalize_locked(
 
 def operation_finalized_event_locked(
     *, op: Operation, final_state: State, terminal_status: str, event_kind: str,
-    event_data: Mapping[str, Any],
+    event_data: Mapping[str, Any], before: Sequence[EventSpec] = (),
 ) -> None:
     """The event of a final state the caller's guarded UPDATE already wrote in this transaction
     (its state table check included: operation_transition_path), from `op.state`; the in-memory
-    row then mirrors what was written, as after operation_finalize_locked."""
-    event_append_locked(
-        operation_id=op.id, kind=event_kind, from_state=op.state, to_state=final_state,
+    row then mirrors what was written, as after operation_finalize_locked.
+
+    `before`: the events of the way to `op.state` that the same UPDATE made and left unwritten
+    (operation_transition_path's `events_out`); they go first, in the same INSERT."""
+    event_append_many_locked(
+        operation_id=op.id,
+        events=[*before, EventSpec(kind=event_kind, from_state=op.state, to_state=final_state,
+                                   data=event_data)],
         server_state=op.server_state, execution_epoch=op.execution_epoch,
-        cancel_generation=op.cancel_generation, data=event_data,
+        cancel_generation=op.cancel_generation,
     )
     _mirror_final(op=op, final_state=final_state, terminal_status=terminal_status)
 

@@ -260,6 +260,7 @@ def operation_transition_path(
     lease_owner: str,
     updates: Mapping[str, Any],
     returning: Sequence[str],
+    events_out: list[EventSpec] | None = None,
 ) -> dict[str, Any]:
     """Several moves of one row in ONE guarded `UPDATE ... RETURNING`, their events in ONE INSERT.
 
@@ -269,7 +270,15 @@ def operation_transition_path(
     updated row under its new lock, so a caller that decides from them (acceptance checks every
     identity field) needs no second read. Raises IllegalTransition, writing nothing, on a mismatch.
     Runs in the caller's transaction (or its own).
+
+    `events_out`: the hops' events are appended to this list instead of written, for a caller
+    that writes them in this same transaction together with its own (acceptance's `accepted`
+    event: one INSERT for the whole way to the final state). They carry no epoch, generation or
+    server state: those are the row's as read back here, which the caller holds under the lock.
     """
+    if events_out is not None and not transaction.get_connection().in_atomic_block:
+        # Written "later in this transaction": without one there is no later.
+        raise RuntimeError("events_out needs the caller's transaction")
     src = State(from_state)
     at = src
     for hop in hops:
@@ -300,6 +309,9 @@ def operation_transition_path(
                 events.append(EventSpec(kind=hop.event_kind, from_state=hop_from,
                                         to_state=hop.to_state, data=hop.event_data))
             hop_from = hop.to_state
+        if events_out is not None:
+            events_out.extend(events)
+            return values
         event_append_many_locked(
             operation_id=operation_id, events=events, execution_epoch=execution_epoch,
             cancel_generation=int(values["cancel_generation"]), server_state=str(values["server_state"]),

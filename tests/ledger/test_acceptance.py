@@ -250,3 +250,67 @@ def test_a_taken_receipt_slot_is_refused_inside_the_callers_transaction_without_
     assert op.state == State.FETCHING_RESULT and op.server_status_message == "written before"
     assert OperationEvent.objects.filter(operation=op, kind="acceptance_refused").count() == 1
     assert TerminalReceipt.objects.filter(operation=op).count() == 1 and not OutboxEvent.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_receipt_and_its_outbox_row_are_one_statement_with_the_whole_payload() -> None:
+    from django.test.utils import CaptureQueriesContext
+
+    op = _fetched_op()
+    with CaptureQueriesContext(connection) as captured:
+        receipt = operation_accept_terminal(**_claim(op))
+    inserts = [q["sql"] for q in captured.captured_queries
+               if "INSERT" in q["sql"] and ("ledger_terminalreceipt" in q["sql"]
+                                            or "ledger_outboxevent" in q["sql"])]
+    assert len(inserts) == (1 if connection.vendor == "postgresql" else 2)
+    outbox = OutboxEvent.objects.get(receipt=receipt)
+    assert outbox.payload == {
+        "receipt_id": receipt.pk, "operation_id": str(op.id), "call_node_id": op.call_node_id,
+        "execution_epoch": op.execution_epoch, "terminal_status": "completed",
+        "result_digest": op.result_digest, "payload": RESULT,
+    }
+    assert outbox.created_at is not None and outbox.published_at is None and outbox.attempts == 0
+    assert TerminalReceipt.objects.get(pk=receipt.pk).operation_id == op.id
+
+
+@pytest.mark.django_db
+def test_a_project_listening_to_outbox_saves_gets_its_hook_and_the_same_rows() -> None:
+    from django.db.models.signals import post_save
+
+    saved: list[dict[str, Any]] = []
+
+    def listener(sender: Any, instance: OutboxEvent, created: bool, **kwargs: Any) -> None:
+        saved.append(dict(instance.payload))
+
+    post_save.connect(listener, sender=OutboxEvent)
+    try:
+        op = _fetched_op()
+        receipt = operation_accept_terminal(**_claim(op))
+    finally:
+        post_save.disconnect(listener, sender=OutboxEvent)
+    assert saved == [OutboxEvent.objects.get(receipt=receipt).payload]
+    assert saved[0]["receipt_id"] == receipt.pk and saved[0]["operation_id"] == str(op.id)
+
+
+@pytest.mark.django_db
+def test_a_task_row_skips_the_shadow_probe_and_a_sync_row_completes_its_waiting_comparison() -> None:
+    from django.test.utils import CaptureQueriesContext
+
+    from ledger.models import ShadowComparison
+
+    task_row = _fetched_op()
+    with CaptureQueriesContext(connection) as captured:
+        operation_accept_terminal(**_claim(task_row))
+    assert not [q for q in captured.captured_queries if "ledger_shadowcomparison" in q["sql"]]
+
+    legacy = _fetched_op(execution_mode="sync", executor_path="legacy")
+    shadow = OperationFactory(call_node_id=legacy.call_node_id, shadow=True, shadow_of=legacy,
+                              state=State.ACCEPTED)
+    ShadowComparison.objects.create(shadow_operation=shadow, legacy_operation=legacy,
+                                    call_node_id=legacy.call_node_id, tool_name="t",
+                                    shadow_terminal_status="completed",
+                                    shadow_result_digest="sha256:other")
+    operation_accept_terminal(**_claim(legacy))
+    comparison = ShadowComparison.objects.get(shadow_operation=shadow)
+    assert comparison.verdict == ShadowComparison.Verdict.DISAGREE
+    assert comparison.legacy_terminal_status == "completed"

@@ -120,3 +120,34 @@ def test_a_guard_on_none_means_is_null_as_in_the_orm() -> None:
         operation_id=op.id, state=State.WORKING, execution_epoch=op.execution_epoch,
         lease_owner="w1", updates={"polls_count": 7}, extra_filters={"expires_at": None})
     assert Operation.objects.get(id=op.id).polls_count == 7
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_path_hands_its_events_to_the_caller_who_writes_them_in_the_same_transaction() -> None:
+    op = _leased(server_state="working", cancel_generation=0)
+    updates = {"terminal_status": "completed", "server_state": "completed"}
+    pending: list[EventSpec] = []
+    # Outside a transaction there is no "later in this transaction": refused before any write.
+    with pytest.raises(RuntimeError):
+        operation_transition_path(
+            operation_id=op.id, from_state=State.WORKING, hops=_path(),
+            execution_epoch=op.execution_epoch, lease_owner="w1", updates=updates, returning=(),
+            events_out=pending)
+    op.refresh_from_db()
+    assert op.state == State.WORKING and pending == []
+    with transaction.atomic():
+        locked = operation_transition_path(
+            operation_id=op.id, from_state=State.WORKING, hops=_path(),
+            execution_epoch=op.execution_epoch, lease_owner="w1", updates=updates, returning=(),
+            events_out=pending)
+        assert not OperationEvent.objects.filter(operation=op).exists()
+        assert [(e.kind, e.from_state, e.to_state) for e in pending] == [
+            ("terminal_observed", State.WORKING, State.TERMINAL_OBSERVED),
+            ("fetching_result", State.TERMINAL_OBSERVED, State.FETCHING_RESULT),
+            ("result_fetched", State.FETCHING_RESULT, State.FETCHING_RESULT),
+        ]
+        event_append_many_locked(operation_id=op.id, events=pending,
+                                 execution_epoch=op.execution_epoch,
+                                 cancel_generation=locked["cancel_generation"],
+                                 server_state=locked["server_state"])
+    assert [k for _, k, _, _ in _kinds(op)] == ["terminal_observed", "fetching_result", "result_fetched"]

@@ -28,7 +28,7 @@ from ledger.errors import AcceptanceRefused, IllegalTransition
 from ledger.models import Operation
 from ledger.selectors.rows import operation_load
 from ledger.services.acceptance import operation_accept_terminal_within
-from ledger.services.events import operation_record_event
+from ledger.services.events import EventSpec, operation_record_event
 from ledger.services.schedule import RELEASE, schedule_cleared, schedule_now
 from ledger.services.shadow import operation_accept_shadow_terminal
 from ledger.services.transitions import (
@@ -322,9 +322,10 @@ def _settle_in_one_write(*, op: Operation, lease_owner: str, seen: _Seen,
                          fetched: FetchedResult | None) -> tuple[str | None, DefenseVerdict | None]:
     """The common cycle (a terminal status just seen, its result fetched and clean): the status,
     the result and the final state in one guarded UPDATE (one new version of the wide row, not
-    two), the three events of the way there in one INSERT, then acceptance against the values
-    that UPDATE read back, which writes the receipt, the outbox row and the `accepted` event. The
-    same rows and events as the step-by-step path, in six statements fewer. (None, verdict) hands
+    two), then acceptance against the values that UPDATE read back, which writes the receipt with
+    its outbox row (one statement), then the three events of the way there and the `accepted`
+    event in one INSERT. The same rows and events as the step-by-step path, in four statements
+    (the guarded UPDATE, the receipt with its outbox row, the events, and the commit's). (None, verdict) hands
     anything else (a result that does not fit the status, or that the defense rejects) to the
     step-by-step path, which records why; a refused acceptance raises _OneWriteRefused, so that
     the caller rolls the final state back and records the refusal step by step.
@@ -353,9 +354,11 @@ def _settle_in_one_write(*, op: Operation, lease_owner: str, seen: _Seen,
         updates["remote_id"] = seen.remote_id
     if seen.observation_seq is not None:
         updates["observation_seq"] = seen.observation_seq
+    # The hops' events are written by acceptance, with `accepted`, in one INSERT.
+    hop_events: list[EventSpec] = []
     locked = operation_transition_path(
         operation_id=op.id, from_state=seen.from_state, execution_epoch=op.execution_epoch,
-        lease_owner=lease_owner, updates=updates, returning=_LOCKED_FIELDS,
+        lease_owner=lease_owner, updates=updates, returning=_LOCKED_FIELDS, events_out=hop_events,
         hops=[
             Hop(to_state=State.TERMINAL_OBSERVED, event_kind="terminal_observed",
                 event_data={"status": task.status, "status_message": task.status_message,
@@ -380,7 +383,7 @@ def _settle_in_one_write(*, op: Operation, lease_owner: str, seen: _Seen,
             call_node_id=claim.call_node_id, request_digest=claim.request_digest,
             remote_id=claim.remote_id, descriptor_version=claim.descriptor_version,
             execution_epoch=claim.execution_epoch, cancel_generation=claim.cancel_generation,
-            written_final=True,
+            written_final=True, events_before=hop_events,
         )
     except AcceptanceRefused as exc:
         raise _OneWriteRefused(exc.reason) from exc

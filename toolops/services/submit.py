@@ -305,7 +305,11 @@ def shadow_submit(
 
     It runs on the tasks path and reaches its own terminal state, but acceptance gives it a
     ShadowComparison, never a receipt or an outbox row. Its failure never touches the legacy call.
+    Only a synchronous (legacy) call has a shadow: the legacy acceptance looks for comparisons
+    waiting on its receipt only when the row is synchronous (ledger/services/acceptance.py).
     """
+    if legacy.execution_mode != "sync":
+        raise SubmitRefused("only a synchronous (legacy) call can have a shadow")
     if not tool_is_read_only(server=server, tool_name=legacy.tool_name,
                              config=rollout_config_for(server=server, tool_name=legacy.tool_name)):
         # Never shadow a tool with side effects: the shadow would do the effect a second time.

@@ -11,7 +11,7 @@ from django.db import OperationalError
 from ledger.models import Operation, ToolServer
 from tests.peers.launch import peer_stats
 from tests.toolops.api_fixtures import principal
-from toolops.errors import LedgerUnavailable
+from toolops.errors import LedgerUnavailable, SubmitRefused
 from toolops.services import submit as submit_service
 from toolops.services.submit import operation_submit
 
@@ -80,3 +80,18 @@ def test_a_second_live_attempt_of_a_call_node_is_refused_at_the_insert(server: T
                          call_node_id="node-1", arguments={"seconds": 0.2, "value": "x"},
                          submission_key="another-key")
     assert Operation.objects.count() == 1
+
+
+def test_only_a_synchronous_call_can_have_a_shadow(server: ToolServer, mcp_url: str) -> None:
+    # Acceptance looks for a waiting shadow comparison only on synchronous rows: a shadow of a
+    # task-mode row would never be compared, so none is ever created.
+    task_call = operation_submit(server_name=server.name, tool_name="sleep_then_complete",
+                                 call_node_id=f"noshadow-{uuid.uuid4().hex[:6]}",
+                                 arguments={"seconds": 0.2, "value": "x"})
+    assert task_call.execution_mode == "task"
+    created_before = peer_stats(mcp_url)["tasks_created"]
+    with pytest.raises(SubmitRefused, match="synchronous"):
+        submit_service.shadow_submit(legacy=task_call, server=server,
+                                     tool=server.tools["sleep_then_complete"], ttl_ms=None)
+    assert not Operation.objects.filter(shadow_of=task_call).exists()
+    assert peer_stats(mcp_url)["tasks_created"] == created_before
