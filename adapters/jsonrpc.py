@@ -47,6 +47,9 @@ SESSION_HEADER = "Mcp-Session-Id"
 # tasks/result stream is the only channel a Shape A server delivers follow-up input on,
 # and a task may work for a long time between two input rounds.
 STREAM_IDLE_TIMEOUT_S = 3600.0
+# A client posts to its endpoint and, rarely, to a URL the server named; more than this many
+# distinct URLs is not a pattern worth keeping them for, so the rest are parsed each time.
+_PARSED_URLS_KEPT = 16
 # Requests that change nothing on the server: one that misses its deadline is simply retried
 # later (TransientError). Any other request may have acted: LostResponseError.
 READ_ONLY_METHODS = frozenset({"tasks/get", "tasks/result", "tasks/list", "tools/list", "server/discover"})
@@ -229,6 +232,10 @@ class JsonRpcClient:
         # them with each request's instead of httpx.Client doing it per request.
         self._default_headers = {k.lower(): v for k, v in self._client.headers.items()}
         self._default_timeout = httpx.Timeout(timeout_s).as_dict()
+        # Parsed request URLs by their text: httpx.Request parses a str URL on every request
+        # (about a twentieth of a poll's CPU), and takes a parsed httpx.URL as it is. URLs are
+        # immutable, so the poll threads sharing this client can share them.
+        self._parsed_urls: dict[str, httpx.URL] = {}
         # Ids must be unique across every client sharing one MCP session (several workers):
         # mcp 1.30 routes a stream's messages by request id, so a collision would cross streams.
         self._id_prefix = secrets.token_hex(6)
@@ -286,7 +293,12 @@ class JsonRpcClient:
             headers[name.lower()] = value
         # The bytes httpx's `json=` would send (its 0.28 encoding).
         content = _json_bytes(body)
-        request = httpx.Request("POST", url, headers=headers, content=content, extensions={
+        parsed = self._parsed_urls.get(url)
+        if parsed is None:
+            parsed = httpx.URL(url)
+            if len(self._parsed_urls) < _PARSED_URLS_KEPT:
+                self._parsed_urls[url] = parsed
+        request = httpx.Request("POST", parsed, headers=headers, content=content, extensions={
             "timeout": timeout.as_dict() if timeout is not None else self._default_timeout})
         jar = self._client.cookies
         if jar.jar:

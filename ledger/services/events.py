@@ -96,31 +96,41 @@ def event_append_many_locked(
     if not events:
         return 0
     connection = connections[router.db_for_write(OperationEvent)]
-    meta = OperationEvent._meta
-    qn = connection.ops.quote_name
     columns = _event_columns()
-    now = timezone.now()
-    rows, params = [], []
+    # The values every event of the call shares are prepared once; each event adds its own
+    # (no model instance per event: building one cost more than preparing its values).
+    shared = {"operation_id": operation_id, "server_state": server_state,
+              "execution_epoch": execution_epoch, "cancel_generation": cancel_generation,
+              "created_at": timezone.now()}
+    prepared = {f.attname: value_for_db(f, shared[f.attname], connection)
+                for f in columns if f.attname in shared}
+    params: list[Any] = []
     for k, spec in enumerate(events, start=1):
-        event = OperationEvent(
-            operation_id=operation_id, kind=spec.kind, from_state=spec.from_state,
-            to_state=spec.to_state, server_state=server_state, execution_epoch=execution_epoch,
-            cancel_generation=cancel_generation, data=dict(spec.data or {}), created_at=now,
-        )
-        params += [value_for_db(f, getattr(event, f.attname), connection) for f in columns]
+        own = {"kind": spec.kind, "from_state": spec.from_state, "to_state": spec.to_state,
+               "data": dict(spec.data or {})}
+        params += [prepared[f.attname] if f.attname in prepared
+                   else value_for_db(f, own[f.attname], connection) for f in columns]
         params.append(k)
-        rows.append(f"({', '.join(['%s'] * (len(columns) + 1))})")
-    table = qn(meta.db_table)
-    # VALUES columns are column1..columnN on PostgreSQL and SQLite alike; the last is the rank.
-    picked = ", ".join(f"v.column{i}" for i in range(1, len(columns) + 1))
-    sql = (
-        f"INSERT INTO {table} ({', '.join(qn(f.column) for f in columns)}, {qn('seq')}) "
-        f"SELECT {picked}, m.top + v.column{len(columns) + 1} "
-        f"FROM (VALUES {', '.join(rows)}) AS v CROSS JOIN "
-        f"(SELECT COALESCE(MAX({qn('seq')}), 0) AS top FROM {table} "
-        f"WHERE {qn('operation_id')} = %s) AS m"
-    )
-    params.append(meta.get_field("operation").get_db_prep_value(operation_id, connection))
+    params.append(OperationEvent._meta.get_field("operation").get_db_prep_value(operation_id,
+                                                                                connection))
+    n = len(events)
+
+    def spell() -> str:
+        qn = connection.ops.quote_name
+        table = qn(OperationEvent._meta.db_table)
+        row = f"({', '.join(['%s'] * (len(columns) + 1))})"
+        # VALUES columns are column1..columnN on PostgreSQL and SQLite alike; the last is the rank.
+        picked = ", ".join(f"v.column{i}" for i in range(1, len(columns) + 1))
+        return (
+            f"INSERT INTO {table} ({', '.join(qn(f.column) for f in columns)}, {qn('seq')}) "
+            f"SELECT {picked}, m.top + v.column{len(columns) + 1} "
+            f"FROM (VALUES {', '.join([row] * n)}) AS v CROSS JOIN "
+            f"(SELECT COALESCE(MAX({qn('seq')}), 0) AS top FROM {table} "
+            f"WHERE {qn('operation_id')} = %s) AS m"
+        )
+
+    # One text per number of events (a path has a handful): spelled once each.
+    sql = statement_spelled(site="event_append_many", shape=(connection.alias, n), spell=spell)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.rowcount)

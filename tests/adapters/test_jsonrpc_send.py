@@ -107,3 +107,18 @@ def test_the_response_is_closed_after_the_exchange() -> None:
 
     _client(peer).call(method="tasks/get", params={"taskId": "t"})
     assert len(streams) == 1 and streams[0].closed
+
+
+def test_each_request_goes_to_its_own_url_however_many_a_client_has_posted_to() -> None:
+    # Parsed URLs are kept for a client's few endpoints; past the bound, each is parsed again.
+    urls: list[str] = []
+
+    def peer(request: httpx.Request) -> httpx.Response:
+        urls.append(str(request.url))
+        return httpx.Response(200, json={})
+
+    client = _client(peer)
+    sent = [f"http://peer.test/side/{k}?q={k}" for k in range(40)] * 2
+    for url in sent:
+        client.post_json(url=url, body={"k": 1}, what="side")
+    assert urls == sent

@@ -47,3 +47,36 @@ def test_a_row_that_meets_a_unique_constraint_writes_neither() -> None:
     assert not Operation.objects.filter(id=again.id).exists()
     assert not OperationEvent.objects.filter(operation_id=again.id).exists()
     assert OperationEvent.objects.filter(operation=first).count() == 1
+
+
+@pytest.mark.django_db
+def test_many_appends_store_what_single_appends_store_for_each_count() -> None:
+    from ledger.services.events import EventSpec, event_append_locked, event_append_many_locked
+
+    single, many = OperationFactory(), OperationFactory()
+    specs = [EventSpec(kind="a", from_state=State.WORKING, to_state=State.TERMINAL_OBSERVED,
+                       data={"status": "completed", "n": [1, None]}),
+             EventSpec(kind="b"),
+             EventSpec(kind="c", from_state="x", to_state="y", data={"ü": "ß"})]
+    with transaction.atomic():
+        for spec in specs:
+            event_append_locked(operation_id=single.id, kind=spec.kind, from_state=spec.from_state,
+                                to_state=spec.to_state, data=spec.data, server_state="completed",
+                                execution_epoch=3, cancel_generation=2)
+        # One statement per call, with one, two and three events: each count its own text.
+        for batch in ([specs[0]], specs[1:], specs):
+            with CaptureQueriesContext(connection) as captured:
+                written = event_append_many_locked(operation_id=many.id, events=batch,
+                                                   server_state="completed", execution_epoch=3,
+                                                   cancel_generation=2)
+            assert written == len(batch) and len(captured.captured_queries) == 1
+
+    fields = ("seq", "kind", "from_state", "to_state", "server_state", "execution_epoch",
+              "cancel_generation", "data")
+    stored = list(OperationEvent.objects.filter(operation=many).order_by("seq").values_list(*fields))
+    expected = list(OperationEvent.objects.filter(operation=single).order_by("seq")
+                    .values_list(*fields))
+    assert [row[1:] for row in stored[:3]] == [row[1:] for row in expected]
+    assert [row[0] for row in stored] == [1, 2, 3, 4, 5, 6]
+    assert [row[1] for row in stored[3:]] == ["a", "b", "c"]
+    assert not OperationEvent.objects.filter(operation=many, created_at__isnull=True).exists()
