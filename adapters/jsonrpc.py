@@ -236,6 +236,11 @@ class JsonRpcClient:
         # (about a twentieth of a poll's CPU), and takes a parsed httpx.URL as it is. URLs are
         # immutable, so the poll threads sharing this client can share them.
         self._parsed_urls: dict[str, httpx.URL] = {}
+        # The request headers as httpx holds them, with the headers they were built from
+        # (_request_headers: they change when a session opens, or per request in a subclass that
+        # routes by method): httpx encodes and checks every header of a plain dict on every
+        # request, and only copies an httpx.Headers.
+        self._built_headers: tuple[tuple[tuple[str, str], ...], httpx.Headers] | None = None
         # Ids must be unique across every client sharing one MCP session (several workers):
         # mcp 1.30 routes a stream's messages by request id, so a collision would cross streams.
         self._id_prefix = secrets.token_hex(6)
@@ -288,9 +293,14 @@ class JsonRpcClient:
         The transport is the one the client would choose, including proxy mounts from the
         environment. `request_context` and `_transport_for_url` are httpx internals (pinned
         0.28.1): tests/adapters/test_jsonrpc_send.py fails if the request drifts from the client's."""
-        headers = dict(self._default_headers)
-        for name, value in self._request_headers().items():
-            headers[name.lower()] = value
+        protocol = tuple(self._request_headers().items())
+        built = self._built_headers
+        if built is None or built[0] != protocol:
+            merged = dict(self._default_headers)
+            for name, value in protocol:
+                merged[name.lower()] = value
+            built = self._built_headers = (protocol, httpx.Headers(merged))
+        headers = built[1]
         # The bytes httpx's `json=` would send (its 0.28 encoding).
         content = _json_bytes(body)
         parsed = self._parsed_urls.get(url)

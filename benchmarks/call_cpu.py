@@ -93,7 +93,8 @@ def _by_package(stats: pstats.Stats, calls: int, *, top: int = 18) -> str:
     return "\n".join(lines)
 
 
-def _phase(name: str, calls: int, fn: Callable[[], object], *, profile: bool, top: int) -> None:
+def _phase(name: str, calls: int, fn: Callable[[], object], *, profile: bool, top: int,
+           dump: str | None = None) -> None:
     """Run `fn` and print its figures per unit: per call, or per poll when `fn` returns a count."""
     # CPU time, not wall: a wait on PostgreSQL or the server is not this process's cost.
     prof = cProfile.Profile(time.process_time) if profile else None
@@ -124,6 +125,9 @@ def _phase(name: str, calls: int, fn: Callable[[], object], *, profile: bool, to
         stats.sort_stats("tottime").print_stats(top // 2)
         print(out.getvalue())
         print(_by_package(stats, calls))
+        if dump:
+            # For `pstats` by hand: callers (print_callers), other sort orders.
+            prof.dump_stats(os.path.join(dump, f"{name}.pstats"))
 
 
 def main() -> None:
@@ -133,6 +137,8 @@ def main() -> None:
     parser.add_argument("--tool", default="work")
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--dump", metavar="DIR",
+                        help="with --profile, also write each phase's cProfile stats to DIR/<phase>.pstats")
     parser.add_argument("--top", type=int, default=45)
     args = parser.parse_args()
 
@@ -154,10 +160,10 @@ def main() -> None:
             api.submit_call(server=server.name, tool=args.tool, call_node_id=f"{name}-{i}",
                             arguments={"i": i}, idempotency_key=f"{name}-{i}")
 
-    _phase("submit", args.calls, submit, profile=args.profile, top=args.top)
+    _phase("submit", args.calls, submit, profile=args.profile, top=args.top, dump=args.dump)
     time.sleep(1.2)  # every task is past its run time: the poll phase is terminal polls
     _phase("poll", args.calls, lambda: run_embedded(until_idle=True, max_seconds=600) and None,
-           profile=args.profile, top=args.top)
+           profile=args.profile, top=args.top, dump=args.dump)
     # Working polls: calls whose tasks run for minutes, each polled about once.
     working = min(args.calls, 200)
     for i in range(working):
@@ -165,7 +171,7 @@ def main() -> None:
                         arguments={"seconds": 600}, idempotency_key=f"{name}-long-{i}")
     time.sleep(0.7)
     _phase("working", working, lambda: run_embedded(until_idle=False, max_seconds=3.0).polls,
-           profile=args.profile, top=args.top)
+           profile=args.profile, top=args.top, dump=args.dump)
     done = TerminalReceipt.objects.filter(call_node_id__startswith=f"{name}-").exclude(
         call_node_id__contains="-warm-").count()
     open_rows = Operation.objects.filter(call_node_id__startswith=f"{name}-", receipt__isnull=True).exclude(

@@ -122,3 +122,23 @@ def test_each_request_goes_to_its_own_url_however_many_a_client_has_posted_to() 
     for url in sent:
         client.post_json(url=url, body={"k": 1}, what="side")
     assert urls == sent
+
+
+def test_a_changed_protocol_header_is_sent_from_the_next_request_on() -> None:
+    # The built headers are kept between requests; a new session id must not be missed.
+    sessions: list[str | None] = []
+
+    def peer(request: httpx.Request) -> httpx.Response:
+        sessions.append(request.headers.get("mcp-session-id"))
+        return _ok(request)
+
+    client = _client(peer)
+    client.call(method="tasks/get", params={"taskId": "t"})
+    client.headers["Mcp-Session-Id"] = "s-1"
+    client.call(method="tasks/get", params={"taskId": "t"})
+    client.call(method="tasks/get", params={"taskId": "t"})
+    client.headers["Mcp-Session-Id"] = "s-2"
+    client.call(method="tasks/get", params={"taskId": "t"})
+    del client.headers["Mcp-Session-Id"]
+    client.call(method="tasks/get", params={"taskId": "t"})
+    assert sessions == [None, "s-1", "s-1", "s-2", None]

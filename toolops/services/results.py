@@ -371,19 +371,20 @@ def _settle_in_one_write(*, op: Operation, lease_owner: str, seen: _Seen,
             Hop(to_state=State.ACCEPTED, event_kind=None),
         ],
     )
-    # The claim is what this worker loaded and computed; the locked row is what the UPDATE found.
-    claim = copy.copy(op)
-    if seen.remote_id is not None:
-        claim.remote_id = seen.remote_id
+    # The claim is what this worker loaded and computed, taken before `op` becomes the locked row
+    # (what the UPDATE found), against which acceptance checks it.
+    call_node_id, request_digest = op.call_node_id, op.request_digest
+    remote_id = seen.remote_id if seen.remote_id is not None else op.remote_id
+    descriptor_version, execution_epoch = op.descriptor_version, op.execution_epoch
+    cancel_generation = op.cancel_generation
     # Acceptance checks the row as it was before the final move (FETCHING_RESULT, digested).
     _apply(op, {**updates, **locked, "state": State.FETCHING_RESULT})
     try:
         receipt = operation_accept_terminal_within(
             operation_id=op.id, terminal_status=task.status, result_digest=digest, locked=op,
-            call_node_id=claim.call_node_id, request_digest=claim.request_digest,
-            remote_id=claim.remote_id, descriptor_version=claim.descriptor_version,
-            execution_epoch=claim.execution_epoch, cancel_generation=claim.cancel_generation,
-            written_final=True, events_before=hop_events,
+            call_node_id=call_node_id, request_digest=request_digest, remote_id=remote_id,
+            descriptor_version=descriptor_version, execution_epoch=execution_epoch,
+            cancel_generation=cancel_generation, written_final=True, events_before=hop_events,
         )
     except AcceptanceRefused as exc:
         raise _OneWriteRefused(exc.reason) from exc
