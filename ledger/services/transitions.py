@@ -7,7 +7,6 @@ rows means someone else moved the row first and the caller's view is stale, so n
 
 from __future__ import annotations
 
-import functools
 import uuid
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -38,9 +37,6 @@ def _atomic() -> AbstractContextManager[Any]:
 _COMPARISONS = {"": "=", "lt": "<", "lte": "<=", "gt": ">", "gte": ">="}
 
 
-# Kept per name: the guarded UPDATE prepares every value through its field, some twenty per
-# write, and the model's columns do not change while the process runs.
-@functools.cache
 def _column(name: str) -> Field[Any, Any]:
     field = Operation._meta.get_field(name)
     assert isinstance(field, Field)  # a concrete column of the row, never a relation's reverse
