@@ -16,14 +16,13 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import connections, router, transaction
-from django.db.models.signals import post_save, pre_save
+from django.db import transaction
 from django.utils import timezone
 
 from ledger.errors import AcceptanceRefused, OperationNotFound
 from ledger.models import InputRequest, Operation, OperationEvent, OutboxEvent, TerminalReceipt
 from ledger.services.events import EventSpec, operation_record_event
-from ledger.services.inserts import row_insert, row_insert_statement
+from ledger.services.inserts import one_statement_pair, row_insert, row_insert_statement
 from ledger.services.shadow import shadow_comparisons_complete_locked
 from ledger.services.terminal import (
     claim_check,
@@ -147,11 +146,8 @@ def _receipt_with_outbox_insert(*, receipt: TerminalReceipt, outbox_payload: dic
     INSERT nothing to read. The receipt was inserted just now, so its outbox row cannot
     conflict. Elsewhere (SQLite, or a project listening to the models' save signals) the same
     two writes as two statements."""
-    connection = connections[router.db_for_write(TerminalReceipt)]
-    hooked = any(signal.has_listeners(model) for signal in (pre_save, post_save)
-                 for model in (TerminalReceipt, OutboxEvent))
-    if (connection.vendor != "postgresql" or hooked
-            or router.db_for_write(OutboxEvent) != connection.alias):
+    connection = one_statement_pair(TerminalReceipt, OutboxEvent)
+    if connection is None:
         inserted = row_insert(receipt, skip_conflict=True)
         if inserted is not None:
             row_insert(OutboxEvent(receipt=inserted,

@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections, router, transaction
-from django.db.models.signals import post_save, pre_save
 from django.utils import timezone
 
 from ledger.errors import OperationNotFound
 from ledger.models import Operation, OperationEvent
-from ledger.services.inserts import row_insert, row_insert_statement
+from ledger.services.inserts import one_statement_pair, row_insert, row_insert_statement
 from ledger.statements import statement_spelled
 from ledger.values import value_for_db
 
@@ -177,11 +176,8 @@ def operation_insert_with_first_event(
     new, and no other transaction can append to it before this one commits (its key is unknown
     until then and its row lock is this statement's). Elsewhere (SQLite, or a project listening
     to the models' save signals) the same two writes as two statements."""
-    connection = connections[router.db_for_write(Operation)]
-    hooked = any(signal.has_listeners(model) for signal in (pre_save, post_save)
-                 for model in (Operation, OperationEvent))
-    if (connection.vendor != "postgresql" or hooked
-            or router.db_for_write(OperationEvent) != connection.alias):
+    connection = one_statement_pair(Operation, OperationEvent)
+    if connection is None:
         inserted = row_insert(op, skip_conflict=True)
         if inserted is not None:
             event_append_locked(operation_id=op.id, kind=kind, to_state=op.state,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, TypeVar, overload
 
 from django.db import IntegrityError, connections, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Model
 from django.db.models.fields import AutoFieldMixin
 from django.db.models.signals import post_save, pre_save
@@ -68,6 +69,22 @@ def row_insert(instance: M, *, skip_conflict: bool = False) -> M | None:
     instance._state.adding = False
     instance._state.db = alias
     return instance
+
+
+def one_statement_pair(first: type[Model], second: type[Model]) -> BaseDatabaseWrapper | None:
+    """The connection on which a row of `first` and a row of `second` that reads its key can be
+    inserted by one statement (a data-modifying CTE), or None where they must be two.
+
+    One statement needs PostgreSQL, both models written through the same alias, and nobody
+    listening to either model's save signals: row_insert gives such a project the ORM's save,
+    whose hooks a CTE would skip."""
+    connection = connections[router.db_for_write(first)]
+    if connection.vendor != "postgresql" or router.db_for_write(second) != connection.alias:
+        return None
+    if any(signal.has_listeners(model) for signal in (pre_save, post_save)
+           for model in (first, second)):
+        return None
+    return connection
 
 
 def row_insert_statement(instance: Model, *, skip_conflict: bool = False

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, connections, transaction
+from django.db.models.signals import pre_save
 from django.test.utils import CaptureQueriesContext
 
-from ledger.models import TerminalReceipt
-from ledger.services.inserts import row_insert
+from ledger.models import OutboxEvent, TerminalReceipt
+from ledger.services.inserts import one_statement_pair, row_insert
 from ledger.states import State
 from tests.ledger.factories import OperationFactory
 
@@ -52,3 +53,18 @@ def test_without_skip_a_conflict_raises() -> None:
     row_insert(_receipt(op))
     with pytest.raises(IntegrityError), transaction.atomic():
         row_insert(_receipt(op))
+
+
+def test_a_pair_is_one_statement_only_where_no_save_hook_would_be_skipped() -> None:
+    expected = connections["default"] if connection.vendor == "postgresql" else None
+    assert one_statement_pair(TerminalReceipt, OutboxEvent) is expected
+
+    def hook(**_kwargs: object) -> None:
+        pass
+
+    pre_save.connect(hook, sender=OutboxEvent)
+    try:
+        assert one_statement_pair(TerminalReceipt, OutboxEvent) is None
+    finally:
+        pre_save.disconnect(hook, sender=OutboxEvent)
+    assert one_statement_pair(TerminalReceipt, OutboxEvent) is expected
