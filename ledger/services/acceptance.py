@@ -59,6 +59,8 @@ def _accept_locked(
     # transaction holding a final state without a receipt, which the caller must roll back.
     # `events_before`: with `written_final`, the events of that UPDATE's way to the final state,
     # left for this function to write with `accepted` (one INSERT).
+    if events_before and not written_final:
+        raise ValueError("events_before are written with the final state's event: written_final only")
     op = locked if locked is not None else (
         Operation.objects.select_for_update().filter(id=operation_id).first())
     if op is None:

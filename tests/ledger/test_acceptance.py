@@ -314,3 +314,15 @@ def test_a_task_row_skips_the_shadow_probe_and_a_sync_row_completes_its_waiting_
     comparison = ShadowComparison.objects.get(shadow_operation=shadow)
     assert comparison.verdict == ShadowComparison.Verdict.DISAGREE
     assert comparison.legacy_terminal_status == "completed"
+
+
+@pytest.mark.django_db
+def test_events_left_for_acceptance_are_refused_unless_it_writes_the_final_event() -> None:
+    from ledger.services.acceptance import operation_accept_terminal_within
+    from ledger.services.events import EventSpec
+
+    op = _fetched_op()
+    with transaction.atomic(), pytest.raises(ValueError):
+        operation_accept_terminal_within(**_claim(op), events_before=[EventSpec(kind="lost")])
+    assert not TerminalReceipt.objects.filter(operation=op).exists()
+    assert not OperationEvent.objects.filter(operation=op).exists()
