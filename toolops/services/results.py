@@ -324,8 +324,8 @@ def _settle_in_one_write(*, op: Operation, lease_owner: str, seen: _Seen,
     the result and the final state in one guarded UPDATE (one new version of the wide row, not
     two), then acceptance against the values that UPDATE read back, which writes the receipt with
     its outbox row (one statement), then the three events of the way there and the `accepted`
-    event in one INSERT. The same rows and events as the step-by-step path, in four statements
-    (the guarded UPDATE, the receipt with its outbox row, the events, and the commit's). (None, verdict) hands
+    event in one INSERT. The same rows and events as the step-by-step path, in three statements
+    (the guarded UPDATE, the receipt with its outbox row, the events). (None, verdict) hands
     anything else (a result that does not fit the status, or that the defense rejects) to the
     step-by-step path, which records why; a refused acceptance raises _OneWriteRefused, so that
     the caller rolls the final state back and records the refusal step by step.
