@@ -21,12 +21,18 @@ from django.utils import timezone
 
 from ledger.errors import AcceptanceRefused, OperationNotFound
 from ledger.models import InputRequest, Operation, OperationEvent, OutboxEvent, TerminalReceipt
-from ledger.services.events import EventSpec, operation_record_event
+from ledger.services.events import (
+    EventSpec,
+    event_rows_insert_sql,
+    event_rows_params,
+    operation_record_event,
+)
 from ledger.services.inserts import one_statement_pair, row_insert, row_insert_statement
 from ledger.services.shadow import shadow_comparisons_complete_locked
 from ledger.services.terminal import (
     claim_check,
     final_state_for,
+    operation_final_mirror,
     operation_finalize_locked,
     operation_finalized_event_locked,
 )
@@ -81,10 +87,20 @@ def _accept_locked(
     claim_check("result_digest", op.result_digest, result_digest)
 
     cancelled = terminal_status == TerminalStatus.CANCELLED
+    # The common cycle (its UPDATE wrote the final state; no shadow can wait on a task-mode row;
+    # no input round to withdraw): the `accepted` event and the way's events go into the
+    # receipt's own statement, with the receipt's key read from its CTE.
+    folded = written_final and op.execution_mode != "sync" and not op.input_round
+    folded_events = None
+    if folded:
+        folded_events = [*events_before, EventSpec(
+            kind="accepted", from_state=op.state, to_state=final_state,
+            data={"terminal_status": terminal_status,
+                  **_cancel_figures(op=op, cancelled=cancelled, now=timezone.now())})]
     # ON CONFLICT DO NOTHING rather than a caught IntegrityError: a second receipt for the call
     # node and epoch (or the operation) is refused without aborting the transaction, so the
     # caller's transaction goes on to record the refusal without a savepoint around this block.
-    receipt = _receipt_with_outbox_insert(receipt=TerminalReceipt(
+    receipt, events_written = _receipt_with_outbox_insert(receipt=TerminalReceipt(
         operation=op,
         tenant=op.tenant,
         call_node_id=op.call_node_id,
@@ -105,12 +121,15 @@ def _accept_locked(
         "terminal_status": terminal_status,
         "result_digest": op.result_digest,
         "payload": None if cancelled else op.result,
-    })
+    }, op=op, events=folded_events)
     if receipt is None:
         raise AcceptanceRefused(
             f"a receipt already exists for call node {op.call_node_id} epoch {op.execution_epoch}",
             field="receipt",
         )
+    if events_written:
+        operation_final_mirror(op=op, final_state=final_state, terminal_status=terminal_status)
+        return receipt
 
     # Shadows of this call that finished first wait for this receipt to be compared. Only a
     # synchronous (legacy) call ever has a shadow (toolops/services/submit.py: shadow_submit
@@ -136,25 +155,30 @@ def _accept_locked(
     return receipt
 
 
-def _receipt_with_outbox_insert(*, receipt: TerminalReceipt, outbox_payload: dict[str, Any]
-                                ) -> TerminalReceipt | None:
+def _receipt_with_outbox_insert(
+    *, receipt: TerminalReceipt, outbox_payload: dict[str, Any], op: Operation,
+    events: Sequence[EventSpec] | None,
+) -> tuple[TerminalReceipt | None, bool]:
     """INSERT the receipt, skipping a conflict (one receipt per call node and epoch, and per
     operation: None, nothing written), and its one outbox row, whose payload is `outbox_payload`
-    with the receipt's key as `receipt_id`.
+    with the receipt's key as `receipt_id`; with `events`, also those events of `op` (the last,
+    `accepted`, gets the receipt's key as `receipt_id` in its data). Returns the receipt and
+    whether the events were written (else the caller writes them).
 
-    On PostgreSQL one statement: the outbox INSERT reads the receipt's generated key from a
-    data-modifying CTE and adds it to the payload (jsonb keeps no key order, so the stored
-    payload is the one the two-statement form writes), and a skipped receipt leaves the outbox
-    INSERT nothing to read. The receipt was inserted just now, so its outbox row cannot
-    conflict. Elsewhere (SQLite, or a project listening to the models' save signals) the same
-    two writes as two statements."""
+    On PostgreSQL one statement: the outbox and event INSERTs read the receipt's generated key
+    from a data-modifying CTE and add it to their JSON (jsonb keeps no key order, so what is
+    stored is what the separate statements write), and a skipped receipt leaves them nothing to
+    read. The receipt was inserted just now, so its outbox row cannot conflict. The events'
+    `max(seq)` is safe in this statement: the caller's guarded UPDATE took the row's lock before
+    it began, so its snapshot holds every event committed under that lock. Elsewhere (SQLite, or
+    a project listening to the models' save signals) separate statements."""
     connection = one_statement_pair(TerminalReceipt, OutboxEvent)
     if connection is None:
         inserted = row_insert(receipt, skip_conflict=True)
         if inserted is not None:
             row_insert(OutboxEvent(receipt=inserted,
                                    payload={"receipt_id": inserted.pk, **outbox_payload}))
-        return inserted
+        return inserted, False
     alias, receipt_sql, receipt_values, generated = row_insert_statement(receipt, skip_conflict=True)
     assert generated  # the receipt's key is the database's (BigAutoField)
     outbox = OutboxEvent(payload=outbox_payload)
@@ -163,27 +187,37 @@ def _receipt_with_outbox_insert(*, receipt: TerminalReceipt, outbox_payload: dic
                if f.attname not in ("id", "receipt_id", "payload")]
     values = [value_for_db(f, f.pre_save(outbox, True), connection) for f in columns]
     payload_value = value_for_db(OutboxEvent._meta.get_field("payload"), outbox_payload, connection)
+    n = len(events or ())
+    event_params = [] if not n else event_rows_params(
+        connection=connection, operation_id=op.id, events=events or (),
+        execution_epoch=op.execution_epoch, cancel_generation=op.cancel_generation,
+        server_state=op.server_state)
 
     def spell() -> str:
         qn = connection.ops.quote_name
         names = ", ".join(qn(f.column) for f in columns)
-        return (f"WITH r AS ({receipt_sql}) "
-                f"INSERT INTO {qn(OutboxEvent._meta.db_table)} "
-                f"({qn('receipt_id')}, {qn('payload')}, {names}) "
-                f"SELECT r.{qn('id')}, %s::jsonb || jsonb_build_object('receipt_id', r.{qn('id')}), "
-                f"{', '.join(['%s'] * len(columns))} FROM r RETURNING {qn('receipt_id')}")
+        outbox_sql = (f"INSERT INTO {qn(OutboxEvent._meta.db_table)} "
+                      f"({qn('receipt_id')}, {qn('payload')}, {names}) "
+                      f"SELECT r.{qn('id')}, %s::jsonb || jsonb_build_object('receipt_id', "
+                      f"r.{qn('id')}), {', '.join(['%s'] * len(columns))} FROM r")
+        if not n:
+            return f"WITH r AS ({receipt_sql}) {outbox_sql} RETURNING {qn('receipt_id')}"
+        events_sql = event_rows_insert_sql(connection=connection, n=n, joined="r",
+                                           last_data_from=("receipt_id", f"r.{qn('id')}"))
+        return (f"WITH r AS ({receipt_sql}), o AS ({outbox_sql} RETURNING {qn('receipt_id')}), "
+                f"e AS ({events_sql}) SELECT {qn('receipt_id')} FROM o")
 
-    sql = statement_spelled(site="receipt_with_outbox_insert", shape=(alias, receipt_sql),
+    sql = statement_spelled(site="receipt_with_outbox_insert", shape=(alias, receipt_sql, n),
                             spell=spell)
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*receipt_values, payload_value, *values])
+        cursor.execute(sql, [*receipt_values, payload_value, *values, *event_params])
         row = cursor.fetchone()
     if row is None:
-        return None  # the receipt met a unique constraint: neither row was written
+        return None, False  # the receipt met a unique constraint: no row was written
     receipt.pk = row[0]
     receipt._state.adding = False
     receipt._state.db = alias
-    return receipt
+    return receipt, bool(n)
 
 
 def input_rounds_withdraw(*, operation_id: uuid.UUID) -> int:

@@ -95,6 +95,25 @@ def event_append_many_locked(
     if not events:
         return 0
     connection = connections[router.db_for_write(OperationEvent)]
+    params = event_rows_params(
+        connection=connection, operation_id=operation_id, events=events,
+        execution_epoch=execution_epoch, cancel_generation=cancel_generation,
+        server_state=server_state)
+    n = len(events)
+    # One text per number of events (a path has a handful): spelled once each.
+    sql = statement_spelled(site="event_append_many", shape=(connection.alias, n),
+                            spell=lambda: event_rows_insert_sql(connection=connection, n=n))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.rowcount)
+
+
+def event_rows_params(
+    *, connection: Any, operation_id: uuid.UUID, events: Sequence[EventSpec], execution_epoch: int,
+    cancel_generation: int, server_state: str,
+) -> list[Any]:
+    """The parameters of event_rows_insert_sql for `events`: each row's values and its rank, then
+    the operation's key (for the `max(seq)` read)."""
     columns = _event_columns()
     # The values every event of the call shares are prepared once; each event adds its own
     # (no model instance per event: building one cost more than preparing its values).
@@ -112,27 +131,36 @@ def event_append_many_locked(
         params.append(k)
     params.append(OperationEvent._meta.get_field("operation").get_db_prep_value(operation_id,
                                                                                 connection))
-    n = len(events)
+    return params
 
-    def spell() -> str:
-        qn = connection.ops.quote_name
-        table = qn(OperationEvent._meta.db_table)
-        row = f"({', '.join(['%s'] * (len(columns) + 1))})"
-        # VALUES columns are column1..columnN on PostgreSQL and SQLite alike; the last is the rank.
-        picked = ", ".join(f"v.column{i}" for i in range(1, len(columns) + 1))
-        return (
-            f"INSERT INTO {table} ({', '.join(qn(f.column) for f in columns)}, {qn('seq')}) "
-            f"SELECT {picked}, m.top + v.column{len(columns) + 1} "
-            f"FROM (VALUES {', '.join([row] * n)}) AS v CROSS JOIN "
-            f"(SELECT COALESCE(MAX({qn('seq')}), 0) AS top FROM {table} "
-            f"WHERE {qn('operation_id')} = %s) AS m"
-        )
 
-    # One text per number of events (a path has a handful): spelled once each.
-    sql = statement_spelled(site="event_append_many", shape=(connection.alias, n), spell=spell)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return int(cursor.rowcount)
+def event_rows_insert_sql(*, connection: Any, n: int, last_data_from: tuple[str, str] | None = None,
+                          joined: str = "") -> str:
+    """The INSERT of `n` events numbered after the row's `max(seq)` (event_rows_params).
+
+    `joined` is a relation the rows are joined with (a CTE of the same statement: no rows there,
+    no events), and `last_data_from` = (key, expression) adds `key` with that expression's value
+    to the last event's data (the `accepted` event names the receipt its CTE just inserted).
+    """
+    columns = _event_columns()
+    qn = connection.ops.quote_name
+    table = qn(OperationEvent._meta.db_table)
+    row = f"({', '.join(['%s'] * (len(columns) + 1))})"
+    rank = f"v.column{len(columns) + 1}"
+    # VALUES columns are column1..columnN on PostgreSQL and SQLite alike; the last is the rank.
+    picked = [f"v.column{i}" for i in range(1, len(columns) + 1)]
+    if last_data_from is not None:
+        key, expression = last_data_from
+        i = [f.attname for f in columns].index("data")
+        picked[i] = (f"CASE WHEN {rank} = {n} THEN {picked[i]} || jsonb_build_object('{key}', "
+                     f"{expression}) ELSE {picked[i]} END")
+    return (
+        f"INSERT INTO {table} ({', '.join(qn(f.column) for f in columns)}, {qn('seq')}) "
+        f"SELECT {', '.join(picked)}, m.top + {rank} "
+        f"FROM (VALUES {', '.join([row] * n)}) AS v CROSS JOIN "
+        f"(SELECT COALESCE(MAX({qn('seq')}), 0) AS top FROM {table} "
+        f"WHERE {qn('operation_id')} = %s) AS m" + (f" CROSS JOIN {joined}" if joined else "")
+    )
 
 
 def operation_record_event(

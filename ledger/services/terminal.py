@@ -56,7 +56,7 @@ def operation_finalize_locked(
         event_kind=event_kind, event_data=event_data,
         known={"cancel_generation": op.cancel_generation, "server_state": op.server_state},
     )
-    _mirror_final(op=op, final_state=final_state, terminal_status=terminal_status)
+    operation_final_mirror(op=op, final_state=final_state, terminal_status=terminal_status)
 
 
 def operation_finalized_event_locked(
@@ -76,11 +76,12 @@ def operation_finalized_event_locked(
         server_state=op.server_state, execution_epoch=op.execution_epoch,
         cancel_generation=op.cancel_generation,
     )
-    _mirror_final(op=op, final_state=final_state, terminal_status=terminal_status)
+    operation_final_mirror(op=op, final_state=final_state, terminal_status=terminal_status)
 
 
-def _mirror_final(*, op: Operation, final_state: State, terminal_status: str) -> None:
-    """The in-memory row mirrors what the final write stored."""
+def operation_final_mirror(*, op: Operation, final_state: State, terminal_status: str) -> None:
+    """The in-memory row mirrors what the final write stored (for a caller that wrote the final
+    state's event itself: acceptance, with its receipt)."""
     op.state = final_state
     op.terminal_status = terminal_status
     for name, value in schedule_cleared().items():

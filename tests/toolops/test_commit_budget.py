@@ -38,9 +38,9 @@ CLAIM_BUDGET = 1
 # Statements per step (savepoints included; neither the submit's insert nor acceptance takes
 # one): the row, its key and rollout checks and the reply at submit; the row's read and one
 # guarded UPDATE for a working poll; the row's read, one UPDATE ... RETURNING that writes the
-# status, the result and the final state, the receipt with its outbox row (one statement), and
-# the events of the way there with the accepted event (one INSERT) for the terminal poll.
-STATEMENT_BUDGET = {"submit": 6, "working_poll": 2, "terminal_poll": 4}
+# status, the result and the final state, and one statement for the receipt, its outbox row, the
+# events of the way there and the accepted event, for the terminal poll.
+STATEMENT_BUDGET = {"submit": 6, "working_poll": 2, "terminal_poll": 3}
 
 
 @dataclass

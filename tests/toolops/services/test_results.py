@@ -58,6 +58,36 @@ def test_a_completed_call_is_accepted_with_the_whole_trail_and_no_schedule(serve
     assert OutboxEvent.objects.filter(receipt=receipt).count() == 1
 
 
+def test_the_receipt_its_outbox_row_and_the_trail_are_one_statement_numbered_after_the_series(
+        server: object) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    op = _submit(server.name, "one-write-3")  # type: ignore[attr-defined]
+    before = OperationEvent.objects.filter(operation=op).count()
+    with CaptureQueriesContext(connection) as captured:
+        assert _poll_until_terminal(op) == "accepted:completed"
+    sql = [q["sql"] for q in captured.captured_queries]
+    # A working poll before it may write an event of its own (a changed status message): only
+    # the writes from the receipt on are the terminal transaction's.
+    first = next(i for i, text in enumerate(sql) if 'INSERT INTO "ledger_terminalreceipt"' in text)
+    writes = [text for text in sql[first:] if text.lstrip().startswith(("INSERT", "WITH"))]
+    if connection.vendor == "postgresql":
+        assert len(writes) == 1 and all(f'INSERT INTO "{t}"' in writes[0] for t in (
+            "ledger_terminalreceipt", "ledger_outboxevent", "ledger_operationevent"))
+    else:
+        assert len(writes) == 3  # the receipt, its outbox row, the events: one each
+    events = list(OperationEvent.objects.filter(operation=op).order_by("seq"))
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert [e.kind for e in events[before:]] == [
+        "terminal_observed", "fetching_result", "result_fetched", "accepted"]
+    receipt = TerminalReceipt.objects.get(operation=op)
+    # The key from the statement's own CTE, beside what the separate path writes.
+    assert events[-1].data == {"receipt_id": receipt.pk, "terminal_status": "completed"}
+    assert events[-1].cancel_generation == 0 and events[-1].execution_epoch == op.execution_epoch
+    assert OutboxEvent.objects.get(receipt=receipt).payload["receipt_id"] == receipt.pk
+
+
 def test_a_refused_acceptance_rolls_the_final_state_back_and_is_recorded(server: object) -> None:
     op = _submit(server.name, "one-write-2")  # type: ignore[attr-defined]
     # Something already holds this call's receipt slot: acceptance must refuse, after the one
