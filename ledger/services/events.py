@@ -108,26 +108,30 @@ def event_append_many_locked(
         return int(cursor.rowcount)
 
 
+# The columns every event of one append shares (prepared and sent once) and each event's own.
+_SHARED = ("operation_id", "server_state", "execution_epoch", "cancel_generation", "created_at")
+_OWN = ("kind", "from_state", "to_state", "data")
+
+
 def event_rows_params(
     *, connection: Any, operation_id: uuid.UUID, events: Sequence[EventSpec], execution_epoch: int,
     cancel_generation: int, server_state: str,
 ) -> list[Any]:
-    """The parameters of event_rows_insert_sql for `events`: each row's values and its rank, then
-    the operation's key (for the `max(seq)` read)."""
-    columns = _event_columns()
-    # The values every event of the call shares are prepared once; each event adds its own
-    # (no model instance per event: building one cost more than preparing its values).
+    """The parameters of event_rows_insert_sql for `events`: the values they share, once; then
+    each event's own and its rank; then the operation's key (for the `max(seq)` read).
+
+    The shared values go once, not per event, so that a statement stays within the parameters
+    psycopg keeps its parsed form for (50): above that it parses the text again on every call,
+    which cost more than the round trip saved by writing the events with the receipt."""
+    columns = {f.attname: f for f in _event_columns()}
     shared = {"operation_id": operation_id, "server_state": server_state,
               "execution_epoch": execution_epoch, "cancel_generation": cancel_generation,
               "created_at": timezone.now()}
-    prepared = {f.attname: value_for_db(f, shared[f.attname], connection)
-                for f in columns if f.attname in shared}
-    params: list[Any] = []
+    params: list[Any] = [value_for_db(columns[name], shared[name], connection) for name in _SHARED]
     for k, spec in enumerate(events, start=1):
         own = {"kind": spec.kind, "from_state": spec.from_state, "to_state": spec.to_state,
                "data": dict(spec.data or {})}
-        params += [prepared[f.attname] if f.attname in prepared
-                   else value_for_db(f, own[f.attname], connection) for f in columns]
+        params += [value_for_db(columns[name], own[name], connection) for name in _OWN]
         params.append(k)
     params.append(OperationEvent._meta.get_field("operation").get_db_prep_value(operation_id,
                                                                                 connection))
@@ -143,22 +147,25 @@ def event_rows_insert_sql(*, connection: Any, n: int, last_data_from: tuple[str,
     to the last event's data (the `accepted` event names the receipt its CTE just inserted).
     """
     columns = _event_columns()
+    if {f.attname for f in columns} != {*_SHARED, *_OWN}:
+        raise RuntimeError("the event model's columns changed: update _SHARED and _OWN")
     qn = connection.ops.quote_name
     table = qn(OperationEvent._meta.db_table)
-    row = f"({', '.join(['%s'] * (len(columns) + 1))})"
-    rank = f"v.column{len(columns) + 1}"
-    # VALUES columns are column1..columnN on PostgreSQL and SQLite alike; the last is the rank.
-    picked = [f"v.column{i}" for i in range(1, len(columns) + 1)]
+    # VALUES columns are column1..columnN on PostgreSQL and SQLite alike; the rank is last.
+    rank = f"v.column{len(_OWN) + 1}"
+    picked = {name: f"s.column{i}" for i, name in enumerate(_SHARED, start=1)}
+    picked.update({name: f"v.column{i}" for i, name in enumerate(_OWN, start=1)})
     if last_data_from is not None:
         key, expression = last_data_from
-        i = [f.attname for f in columns].index("data")
-        picked[i] = (f"CASE WHEN {rank} = {n} THEN {picked[i]} || jsonb_build_object('{key}', "
-                     f"{expression}) ELSE {picked[i]} END")
+        picked["data"] = (f"CASE WHEN {rank} = {n} THEN {picked['data']} || "
+                          f"jsonb_build_object('{key}', {expression}) ELSE {picked['data']} END")
+    shared_row = f"({', '.join(['%s'] * len(_SHARED))})"
+    own_row = f"({', '.join(['%s'] * (len(_OWN) + 1))})"
     return (
         f"INSERT INTO {table} ({', '.join(qn(f.column) for f in columns)}, {qn('seq')}) "
-        f"SELECT {', '.join(picked)}, m.top + {rank} "
-        f"FROM (VALUES {', '.join([row] * n)}) AS v CROSS JOIN "
-        f"(SELECT COALESCE(MAX({qn('seq')}), 0) AS top FROM {table} "
+        f"SELECT {', '.join(picked[f.attname] for f in columns)}, m.top + {rank} "
+        f"FROM (VALUES {shared_row}) AS s CROSS JOIN (VALUES {', '.join([own_row] * n)}) AS v "
+        f"CROSS JOIN (SELECT COALESCE(MAX({qn('seq')}), 0) AS top FROM {table} "
         f"WHERE {qn('operation_id')} = %s) AS m" + (f" CROSS JOIN {joined}" if joined else "")
     )
 
