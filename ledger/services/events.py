@@ -24,7 +24,7 @@ from ledger.values import value_for_db
 
 
 @functools.cache
-def _event_columns() -> tuple[Any, ...]:
+def event_columns() -> tuple[Any, ...]:
     """The event's columns an append writes, in model order (the key and `seq` are computed)."""
     return tuple(f for f in OperationEvent._meta.concrete_fields if f.attname not in ("id", "seq"))
 
@@ -51,7 +51,7 @@ def event_append_locked(
         cancel_generation=cancel_generation, data=dict(data or {}), created_at=timezone.now(),
     )
     connection = connections[router.db_for_write(OperationEvent)]
-    columns = _event_columns()
+    columns = event_columns()
     values = [value_for_db(f, getattr(event, f.attname), connection) for f in columns]
     op_id_value = OperationEvent._meta.get_field("operation").get_db_prep_value(operation_id, connection)
 
@@ -123,7 +123,7 @@ def event_rows_params(
     The shared values go once, not per event, so that a statement stays within the parameters
     psycopg keeps its parsed form for (50): above that it parses the text again on every call,
     which cost more than the round trip saved by writing the events with the receipt."""
-    columns = {f.attname: f for f in _event_columns()}
+    columns = {f.attname: f for f in event_columns()}
     shared = {"operation_id": operation_id, "server_state": server_state,
               "execution_epoch": execution_epoch, "cancel_generation": cancel_generation,
               "created_at": timezone.now()}
@@ -146,7 +146,7 @@ def event_rows_insert_sql(*, connection: Any, n: int, last_data_from: tuple[str,
     no events), and `last_data_from` = (key, expression) adds `key` with that expression's value
     to the last event's data (the `accepted` event names the receipt its CTE just inserted).
     """
-    columns = _event_columns()
+    columns = event_columns()
     if {f.attname for f in columns} != {*_SHARED, *_OWN}:
         raise RuntimeError("the event model's columns changed: update _SHARED and _OWN")
     qn = connection.ops.quote_name
@@ -226,7 +226,7 @@ def operation_insert_with_first_event(
     )
     alias, op_sql, op_values, generated = row_insert_statement(op, skip_conflict=True)
     assert not generated  # the operation's key is a UUID chosen here, never the database's
-    columns = [f for f in _event_columns() if f.attname != "operation_id"]
+    columns = [f for f in event_columns() if f.attname != "operation_id"]
     values = [value_for_db(f, getattr(event, f.attname), connection) for f in columns]
     meta = Operation._meta
 

@@ -13,17 +13,14 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections, router, transaction
-from django.db.models import F, Field, Value
-from django.db.models.expressions import CombinedExpression
+from django.db import transaction
 from django.utils import timezone
 
 from ledger.errors import IllegalTransition, OperationNotFound
 from ledger.models import Operation
 from ledger.services.events import EventSpec, event_append_locked, event_append_many_locked
-from ledger.statements import statement_spelled
+from ledger.services.guarded import guarded_update, guarded_update_with_event, operation_column
 from ledger.states import TRANSITIONS, State
-from ledger.values import value_for_db
 
 
 def _atomic() -> AbstractContextManager[Any]:
@@ -32,86 +29,6 @@ def _atomic() -> AbstractContextManager[Any]:
     if transaction.get_connection().in_atomic_block:
         return nullcontext()
     return transaction.atomic()
-
-
-_COMPARISONS = {"": "=", "lt": "<", "lte": "<=", "gt": ">", "gte": ">="}
-
-
-def _column(name: str) -> Field[Any, Any]:
-    field = Operation._meta.get_field(name)
-    assert isinstance(field, Field)  # a concrete column of the row, never a relation's reverse
-    return field
-
-
-def _increment(value: Any) -> int | None:
-    """`F(name) + n` on the same column, the one expression the direct spelling takes."""
-    if (isinstance(value, CombinedExpression) and value.connector == "+"
-            and isinstance(value.lhs, F) and isinstance(value.rhs, Value)
-            and isinstance(value.rhs.value, int)):
-        return value.rhs.value
-    return None
-
-
-def _direct(name: str, value: Any) -> bool:
-    if hasattr(value, "prepare_database_save"):
-        return False  # a model instance: the ORM resolves it
-    if hasattr(value, "resolve_expression"):
-        return _increment(value) is not None and value.lhs.name == name
-    return True
-
-
-def _guarded_update(*, guards: Mapping[str, Any], fields: Mapping[str, Any],
-                    returning: Sequence[str] = ()) -> tuple[int, tuple[Any, ...] | None]:
-    """The compare-and-set UPDATE of one row: (rows matched, the `returning` columns or None).
-
-    Spelled directly from the model's columns: plain values, `F(column) + n` on the column itself,
-    and guards that compare a column with a value. Compiling the same statement through the ORM
-    costs more CPU than its round trip, and every poll cycle writes through here. Anything else
-    (another expression, a model instance, a lookup across a relation) goes through the ORM, which
-    cannot read columns back.
-    """
-    meta = Operation._meta
-    # A guard on None means IS NULL to the ORM and never matches as `= NULL`: the ORM spells it.
-    direct = all(_direct(name, value) for name, value in fields.items()) and all(
-        name.partition("__")[2] in _COMPARISONS and value is not None
-        for name, value in guards.items())
-    if not direct:
-        if returning:
-            raise ValueError("reading columns back needs a direct UPDATE: plain values and guards")
-        return Operation.objects.filter(**guards).update(**fields), None
-    connection = connections[router.db_for_write(Operation)]
-    params: list[Any] = []
-    steps: list[bool] = []
-    for name, value in fields.items():
-        step = _increment(value)
-        steps.append(step is not None)
-        params.append(step if step is not None else value_for_db(_column(name), value, connection))
-    for key, value in guards.items():
-        params.append(_column(key.partition("__")[0]).get_db_prep_value(value, connection))
-
-    def spell() -> str:
-        qn = connection.ops.quote_name
-        sets = [f"{qn(_column(name).column)} = {qn(_column(name).column)} + %s" if step
-                else f"{qn(_column(name).column)} = %s" for name, step in zip(fields, steps, strict=True)]
-        where = []
-        for key in guards:
-            name, _, lookup = key.partition("__")
-            where.append(f"{qn(_column(name).column)} {_COMPARISONS[lookup]} %s")
-        sql = f"UPDATE {qn(meta.db_table)} SET {', '.join(sets)} WHERE {' AND '.join(where)}"
-        if returning:
-            sql += f" RETURNING {', '.join(qn(_column(n).column) for n in returning)}"
-        return sql
-
-    # The text depends only on the statement's shape (which columns, which are increments, which
-    # guards, what is read back); the shapes are the code's own call sites, a few dozen.
-    sql = statement_spelled(site="guarded_update", spell=spell, shape=(
-        connection.alias, tuple(fields), tuple(steps), tuple(guards), tuple(returning)))
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        if returning:
-            row = cursor.fetchone()
-            return (0, None) if row is None else (1, tuple(row))
-        return int(cursor.rowcount), None
 
 
 def _event_context(
@@ -175,8 +92,16 @@ def operation_transition(
         filters["cancel_generation"] = cancel_generation
     if lease_owner is not None:
         filters["lease_owner"] = lease_owner
+    written = guarded_update_with_event(
+        guards=filters, fields=fields, execution_epoch=execution_epoch,
+        event=EventSpec(kind=event_kind, from_state=src, to_state=dst, data=event_data))
+    if written is not None:
+        if not written:
+            raise IllegalTransition(
+                f"{src} -> {dst} refused for {operation_id}: {_describe_mismatch(operation_id)}")
+        return
     with _atomic():
-        changed, _ = _guarded_update(guards=filters, fields=fields)
+        changed, _ = guarded_update(guards=filters, fields=fields)
         if changed != 1:
             raise IllegalTransition(
                 f"{src} -> {dst} refused for {operation_id}: {_describe_mismatch(operation_id)}"
@@ -221,8 +146,14 @@ def operation_update_guarded(
     if lease_owner is not None:
         filters["lease_owner"] = lease_owner
     filters.update(extra_filters or {})
+    written = guarded_update_with_event(
+        guards=filters, fields=fields, execution_epoch=execution_epoch,
+        event=EventSpec(kind=event_kind, from_state=State(state), to_state=State(state),
+                        data=event_data))
+    if written is not None:
+        return written
     with _atomic():
-        if _guarded_update(guards=filters, fields=fields)[0] != 1:
+        if guarded_update(guards=filters, fields=fields)[0] != 1:
             return False
         generation, server_state = _event_context(operation_id=operation_id, fields=fields, known=known)
         event_append_locked(
@@ -296,12 +227,12 @@ def operation_transition_path(
     guards = {"id": operation_id, "state": src, "execution_epoch": execution_epoch,
               "lease_owner": lease_owner}
     with _atomic():
-        _, row = _guarded_update(guards=guards, fields=fields, returning=read_back)
+        _, row = guarded_update(guards=guards, fields=fields, returning=read_back)
         if row is None:
             raise IllegalTransition(
                 f"{src} -> {at} refused for {operation_id}: {_describe_mismatch(operation_id)}"
             )
-        values = {name: _column(name).to_python(value)
+        values = {name: operation_column(name).to_python(value)
                   for name, value in zip(read_back, row, strict=True)}
         events, hop_from = [], src
         for hop in hops:
@@ -338,4 +269,4 @@ def operation_write_guarded(
     guards: dict[str, Any] = {"id": operation_id, "state": State(state),
                               "execution_epoch": execution_epoch, "lease_owner": lease_owner,
                               **(extra_filters or {})}
-    return _guarded_update(guards=guards, fields=fields)[0] == 1
+    return guarded_update(guards=guards, fields=fields)[0] == 1

@@ -40,7 +40,7 @@ CLAIM_BUDGET = 1
 # guarded UPDATE for a working poll; the row's read, one UPDATE ... RETURNING that writes the
 # status, the result and the final state, and one statement for the receipt, its outbox row, the
 # events of the way there and the accepted event, for the terminal poll.
-STATEMENT_BUDGET = {"submit": 6, "working_poll": 2, "terminal_poll": 3}
+STATEMENT_BUDGET = {"submit": 5, "working_poll": 2, "terminal_poll": 3}
 
 
 @dataclass

@@ -1,0 +1,148 @@
+"""The guarded UPDATE with its event in one statement, on the real database (real commits and a
+second thread holding the row's lock)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from ledger.errors import IllegalTransition
+from ledger.models import Operation, OperationEvent
+from ledger.services.events import operation_record_event
+from ledger.services.transitions import operation_transition, operation_update_guarded
+from ledger.states import State
+from tests.ledger.factories import OperationFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _leased(**fields: object) -> Operation:
+    until = timezone.now() + timedelta(seconds=60)
+    return OperationFactory(lease_owner="w1", lease_expires_at=until, next_poll_at=until,
+                            state=State.WORKING, server_state="working", **fields)
+
+
+def _writes(captured: CaptureQueriesContext) -> list[str]:
+    return [q["sql"] for q in captured.captured_queries
+            if q["sql"].lstrip().startswith(("UPDATE", "INSERT", "WITH"))]
+
+
+def _series(op: Operation) -> list[tuple[int, str, str, str, int, str]]:
+    return list(OperationEvent.objects.filter(operation=op).order_by("seq").values_list(
+        "seq", "kind", "from_state", "to_state", "cancel_generation", "server_state"))
+
+
+def test_a_transition_of_its_own_is_one_statement_whose_event_reads_the_row() -> None:
+    op = _leased(cancel_generation=2)
+    operation_record_event(operation_id=op.id, kind="note")
+    with CaptureQueriesContext(connection) as captured:
+        operation_transition(
+            operation_id=op.id, from_state=State.WORKING, to_state=State.TERMINAL_OBSERVED,
+            execution_epoch=op.execution_epoch, lease_owner="w1",
+            updates={"server_state": "completed"}, event_kind="terminal_observed",
+            event_data={"status": "completed"})
+    writes = _writes(captured)
+    assert len(writes) == 1 and "UPDATE" in writes[0] and "INSERT" in writes[0]
+    op.refresh_from_db()
+    assert op.state == State.TERMINAL_OBSERVED and op.server_state == "completed"
+    # The event takes the generation and the server state the UPDATE left on the row.
+    assert _series(op) == [
+        (1, "note", "WORKING", "WORKING", 2, "working"),
+        (2, "terminal_observed", "WORKING", "TERMINAL_OBSERVED", 2, "completed"),
+    ]
+    assert OperationEvent.objects.get(operation=op, seq=2).data == {"status": "completed"}
+
+
+def test_a_write_that_does_not_match_writes_nothing_in_one_statement() -> None:
+    op = _leased()
+    with CaptureQueriesContext(connection) as captured:
+        assert not operation_update_guarded(
+            operation_id=op.id, state=State.WORKING, execution_epoch=op.execution_epoch,
+            lease_owner="someone-else", updates={"server_status_message": "x"},
+            event_kind="status_changed")
+        with pytest.raises(IllegalTransition):
+            operation_transition(
+                operation_id=op.id, from_state=State.WORKING, to_state=State.TERMINAL_OBSERVED,
+                execution_epoch=op.execution_epoch + 1, event_kind="terminal_observed")
+    assert len(_writes(captured)) == 2
+    assert _series(op) == []
+    op.refresh_from_db()
+    assert op.state == State.WORKING and op.server_status_message == ""
+
+
+def test_inside_a_callers_transaction_the_update_and_the_event_are_two_statements() -> None:
+    op = _leased()
+    with CaptureQueriesContext(connection) as captured, transaction.atomic():
+        assert operation_update_guarded(
+            operation_id=op.id, state=State.WORKING, execution_epoch=op.execution_epoch,
+            lease_owner="w1", updates={"server_status_message": "halfway"},
+            event_kind="status_changed", known={"cancel_generation": 0, "server_state": "working"})
+    writes = _writes(captured)
+    assert len(writes) == 2 and writes[0].startswith("UPDATE") and writes[1].startswith("INSERT")
+    assert [s[1] for s in _series(op)] == ["status_changed"]
+
+
+def _release_when_waiting(release: threading.Event) -> None:
+    """Set `release` once a backend of this database waits for a lock (or after 10 s)."""
+    deadline = time.monotonic() + 10
+    try:
+        with connection.cursor() as cursor:
+            while not release.is_set() and time.monotonic() < deadline:
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                               "current_database() AND wait_event_type = 'Lock'")
+                if cursor.fetchone()[0]:
+                    break
+                time.sleep(0.01)
+    finally:
+        release.set()
+        connection.close()
+
+
+def test_an_event_appended_while_the_write_waits_for_the_lock_is_kept_and_the_write_retried() -> None:
+    """The one statement's snapshot predates the other appender's commit, so its `max(seq)` misses
+    that event and meets the unique constraint; the write is then made as two statements."""
+    op = _leased()
+    locked, release = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+
+    def appender() -> None:
+        try:
+            with transaction.atomic():
+                operation_record_event(operation_id=op.id, kind="operator_note")
+                locked.set()
+                # Hold the row's lock until the main thread's statement is waiting on it.
+                release.wait(10)
+        except BaseException as exc:  # reported to the main thread
+            failures.append(exc)
+            locked.set()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=appender)
+    thread.start()
+    assert locked.wait(10)
+    # Let the appender commit once the statement below is blocked on the row's lock.
+    watcher = threading.Thread(target=_release_when_waiting, args=(release,))
+    watcher.start()
+    try:
+        with CaptureQueriesContext(connection) as captured:
+            assert operation_update_guarded(
+                operation_id=op.id, state=State.WORKING, execution_epoch=op.execution_epoch,
+                lease_owner="w1", updates={"server_status_message": "after the note"},
+                event_kind="status_changed")
+    finally:
+        release.set()
+        watcher.join(10)
+        thread.join(10)
+    assert not failures
+    writes = _writes(captured)
+    assert writes[0].startswith("WITH") and len(writes) == 3  # the refused statement, then two
+    assert [s[:2] for s in _series(op)] == [(1, "operator_note"), (2, "status_changed")]
+    op.refresh_from_db()
+    assert op.server_status_message == "after the note"
