@@ -127,6 +127,7 @@ def _phase(name: str, calls: int, fn: Callable[[], object], *, profile: bool, to
         print(_by_package(stats, calls))
         if dump:
             # For `pstats` by hand: callers (print_callers), other sort orders.
+            os.makedirs(dump, exist_ok=True)
             prof.dump_stats(os.path.join(dump, f"{name}.pstats"))
 
 

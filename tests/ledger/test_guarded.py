@@ -4,7 +4,6 @@ second thread holding the row's lock)."""
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 
 import pytest
@@ -17,6 +16,7 @@ from ledger.models import Operation, OperationEvent
 from ledger.services.events import operation_record_event
 from ledger.services.transitions import operation_transition, operation_update_guarded
 from ledger.states import State
+from tests.concurrency import wait_for_lock_waiter
 from tests.ledger.factories import OperationFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -89,16 +89,9 @@ def test_inside_a_callers_transaction_the_update_and_the_event_are_two_statement
 
 
 def _release_when_waiting(release: threading.Event) -> None:
-    """Set `release` once a backend of this database waits for a lock (or after 10 s)."""
-    deadline = time.monotonic() + 10
+    """Set `release` once a transaction waits for a row lock (or after 10 s)."""
     try:
-        with connection.cursor() as cursor:
-            while not release.is_set() and time.monotonic() < deadline:
-                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
-                               "current_database() AND wait_event_type = 'Lock'")
-                if cursor.fetchone()[0]:
-                    break
-                time.sleep(0.01)
+        wait_for_lock_waiter()
     finally:
         release.set()
         connection.close()

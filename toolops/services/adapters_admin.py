@@ -74,6 +74,13 @@ def adapter_assert_accepting(*, version: str) -> None:
     else:  # SQLite (embedded) serialises writers itself
         _state_row(version)
         status = AdapterState.objects.get(adapter_version=version).status
+    adapter_status_check(version=version, status=status)
+
+
+def adapter_status_check(*, version: str, status: str) -> None:
+    """Refuse a new submission unless `status`, read under the SHARE lock in the inserting
+    transaction (adapter_assert_accepting, or the submit's admission read), is enabled."""
+    _known(version)
     if status != AdapterState.Status.ENABLED:
         raise SubmitRefused(
             f"adapter {version} is {status}: it takes no new submissions "

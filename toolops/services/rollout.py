@@ -37,7 +37,7 @@ def canary_bucket(*, call_node_id: str) -> int:
     return int.from_bytes(digest[:8], "big") % BUCKETS
 
 
-def _scope_row(rows: Iterable[RolloutConfig], tool_name: str) -> RolloutConfig | None:
+def rollout_scope_row(rows: Iterable[RolloutConfig], tool_name: str) -> RolloutConfig | None:
     """The tool's row if any, else the server's row, else None (historic behaviour)."""
     by_tool = {r.tool_name: r for r in rows}
     return by_tool.get(tool_name) or by_tool.get("")
@@ -45,7 +45,7 @@ def _scope_row(rows: Iterable[RolloutConfig], tool_name: str) -> RolloutConfig |
 
 def rollout_config_for(*, server: ToolServer, tool_name: str) -> RolloutConfig | None:
     """The tool's row if any, else the server's row, else None (historic behaviour)."""
-    return _scope_row(RolloutConfig.objects.filter(server=server, tool_name__in=[tool_name, ""]),
+    return rollout_scope_row(RolloutConfig.objects.filter(server=server, tool_name__in=[tool_name, ""]),
                       tool_name)
 
 
@@ -69,7 +69,7 @@ def rollout_config_locked(*, server: ToolServer, tool_name: str) -> RolloutConfi
             [server.pk, tool_name],
         )
         rows = cursor.fetchall()
-    return _scope_row((RolloutConfig.from_db(connection.alias, [f.attname for f in fields], row)
+    return rollout_scope_row((RolloutConfig.from_db(connection.alias, [f.attname for f in fields], row)
                        for row in rows), tool_name)
 
 
@@ -122,7 +122,7 @@ def rollout_assert_path_open_locked(*, server: ToolServer, tool_name: str, path:
         return
     rows = list(RolloutConfig.objects.select_for_update().filter(
         server=server, tool_name__in=[tool_name, ""]).order_by("tool_name"))
-    config = _scope_row(rows, tool_name)
+    config = rollout_scope_row(rows, tool_name)
     if config is not None and not config.tasks_enabled:
         raise SubmitRefused(f"the tasks path was rolled back for {server.name}/{tool_name}")
 

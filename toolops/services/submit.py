@@ -38,7 +38,8 @@ from ledger.services.schedule import RELEASE, schedule_at, schedule_leased, sche
 from ledger.services.transitions import operation_transition
 from ledger.states import State, TerminalStatus
 from toolops.errors import LedgerUnavailable, ServerNotFound, SubmissionKeyTaken, SubmitRefused
-from toolops.services.adapters_admin import adapter_assert_accepting
+from toolops.services.adapters_admin import adapter_assert_accepting, adapter_status_check
+from toolops.services.admission import submit_admission_locked
 from toolops.services.connections import RateLimited, server_call
 from toolops.services.executors import TASKS, operation_refuse_stale
 from toolops.services.inputs import operation_open_round_on_create
@@ -50,7 +51,6 @@ from toolops.services.results import operation_complete_sync, operation_settle_t
 from toolops.services.rollout import (
     rollout_assert_path_open_locked,
     rollout_config_for,
-    rollout_config_locked,
     rollout_route,
     tool_is_read_only,
 )
@@ -105,11 +105,13 @@ def _create_row(
     arguments: dict[str, Any], ttl_ms: int | None, mode: str, lease_owner: str,
     tenant: str, submission_key: str | None, submission_digest: str,
     path: str, shadow_of: Operation | None = None, path_locked: bool = False,
+    adapter_status: str | None = None,
 ) -> Operation:
     """Insert the row in SUBMITTING, in the caller's transaction (the first of submit's two).
 
     `path_locked`: the caller chose `path` from rollout rows it read under their lock in this
-    transaction (rollout_config_locked), so no re-check is needed."""
+    transaction (submit_admission_locked), so no re-check is needed; `adapter_status`, the
+    adapter's status it read there under its lock (None: read it here)."""
     now = timezone.now()
     descriptor_version = tool["descriptor_digest"]
     lease = timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS))
@@ -120,7 +122,7 @@ def _create_row(
         arguments=arguments, ttl_ms=ttl_ms, mode=mode, lease_owner=lease_owner,
         tenant=tenant, submission_key=submission_key or secrets.token_hex(16),
         submission_digest=submission_digest, descriptor_version=descriptor_version,
-        path=path, shadow_of=shadow_of, path_locked=path_locked,
+        path=path, shadow_of=shadow_of, path_locked=path_locked, adapter_status=adapter_status,
     )
 
 
@@ -128,11 +130,14 @@ def _insert_row(
     *, now: datetime, lease: timedelta, server: ToolServer, tool_name: str, call_node_id: str,
     arguments: dict[str, Any], ttl_ms: int | None, mode: str, lease_owner: str, tenant: str,
     submission_key: str, submission_digest: str, descriptor_version: str,
-    path: str, shadow_of: Operation | None, path_locked: bool,
+    path: str, shadow_of: Operation | None, path_locked: bool, adapter_status: str | None,
 ) -> Operation:
     # Draining/disabled adapters take no new rows; the lock orders this against a
     # concurrent disable (toolops/services/adapters_admin.py).
-    adapter_assert_accepting(version=server.adapter_version)
+    if adapter_status is None:
+        adapter_assert_accepting(version=server.adapter_version)
+    else:
+        adapter_status_check(version=server.adapter_version, status=adapter_status)
     if not path_locked:
         # A rollback that committed after the path was chosen wins (toolops/services/rollout.py).
         rollout_assert_path_open_locked(server=server, tool_name=tool_name, path=path)
@@ -244,15 +249,17 @@ def operation_submit(
             # The canary and the rollback switch pick the executor path.
             # Read under the lock the insert needs: the path is chosen from rows no rollback can
             # change before this transaction commits.
-            config = rollout_config_locked(server=server, tool_name=tool_name)
+            admission = submit_admission_locked(server=server, tool_name=tool_name)
             route = rollout_route(server=server, tool_name=tool_name, tool=tool,
                                   call_node_id=call_node_id, mode=mode,
-                                  offers_tasks=server_offers_tasks(server=server), config=config)
+                                  offers_tasks=server_offers_tasks(server=server),
+                                  config=admission.config)
             op = _create_row(
                 server=server, tool_name=tool_name, tool=tool, call_node_id=call_node_id,
                 arguments=args, ttl_ms=_ttl_for(ttl_ms=ttl_ms, mode=route.mode), mode=route.mode,
                 lease_owner=owner, path=route.path, tenant=tenant, submission_key=submission_key,
                 submission_digest=submission_digest, path_locked=True,
+                adapter_status=admission.adapter_status,
             )
         except SubmitRefused as exc:
             # A replay is answered with what its first submit recorded, whatever a new one would

@@ -86,6 +86,18 @@ def test_the_receipt_its_outbox_row_and_the_trail_are_one_statement_numbered_aft
     assert events[-1].data == {"receipt_id": receipt.pk, "terminal_status": "completed"}
     assert events[-1].cancel_generation == 0 and events[-1].execution_epoch == op.execution_epoch
     assert OutboxEvent.objects.get(receipt=receipt).payload["receipt_id"] == receipt.pk
+    if connection.vendor == "postgresql":
+        # Within what psycopg keeps parsed (above it, it parses the text again on every call).
+        from psycopg import _queries
+
+        from ledger.statements import _SPELLED
+
+        text = writes[0]
+        spelled = [t for (site, shape), t in _SPELLED.items()
+                   if site == "receipt_with_outbox_insert" and shape[-1] == 4]
+        assert spelled and all(t.count("%s") <= _queries.MAX_CACHED_STATEMENT_PARAMS
+                               and len(t.encode()) <= _queries.MAX_CACHED_STATEMENT_LENGTH
+                               for t in spelled), text
 
 
 def test_a_refused_acceptance_rolls_the_final_state_back_and_is_recorded(server: object) -> None:
