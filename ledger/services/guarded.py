@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from django.db import IntegrityError, connections, router, transaction
+from django.db import IntegrityError, connections, router
 from django.db.models import F, Field, Value
 from django.db.models.expressions import CombinedExpression
 from django.utils import timezone
@@ -113,7 +113,7 @@ def guarded_update(*, guards: Mapping[str, Any], fields: Mapping[str, Any],
 def guarded_update_with_event(
     *, guards: Mapping[str, Any], fields: Mapping[str, Any], event: EventSpec, execution_epoch: int,
 ) -> bool | None:
-    """The guarded UPDATE and its event in ONE statement, in a transaction of its own: True
+    """The guarded UPDATE and its event in ONE statement, a transaction of its own: True
     (both written), False (the row did not match: nothing written), None (not here: the caller
     writes them as two statements).
 
@@ -125,11 +125,11 @@ def guarded_update_with_event(
     statements in a new transaction, whose second statement sees that event. Only a transaction
     of its own can be retried that way: inside a caller's, the caller's transaction would be lost.
     """
-    if (transaction.get_connection().in_atomic_block
-            or not _direct_update(guards=guards, fields=fields)):
-        return None
     connection = connections[router.db_for_write(Operation)]
-    if connection.vendor != "postgresql":
+    # Outside any transaction, with the connection in autocommit (Django's default), the one
+    # statement is a transaction by itself: no BEGIN and COMMIT round trips around it.
+    if (connection.vendor != "postgresql" or connection.in_atomic_block
+            or not connection.get_autocommit() or not _direct_update(guards=guards, fields=fields)):
         return None
     update_sql, params = _update_statement(
         connection=connection, guards=guards, fields=fields,
@@ -156,7 +156,7 @@ def guarded_update_with_event(
     sql = statement_spelled(site="guarded_update_with_event", shape=(connection.alias, update_sql),
                             spell=spell)
     try:
-        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+        with connection.cursor() as cursor:
             cursor.execute(sql, params)
             return int(cursor.rowcount) == 1
     except IntegrityError as exc:
