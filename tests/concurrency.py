@@ -41,3 +41,13 @@ def wait_for_lock_waiter(*, timeout_s: float = 10.0) -> bool:
                 return True
         time.sleep(0.05)
     return False
+
+
+def release_once_a_lock_is_awaited(release: threading.Event) -> None:
+    """For a thread of its own: set `release` once some transaction waits on a lock (or after the
+    wait_for_lock_waiter timeout), so a lock holder lets go only when its racer is queued."""
+    try:
+        wait_for_lock_waiter()
+    finally:
+        release.set()
+        connection.close()

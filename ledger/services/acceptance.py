@@ -90,13 +90,13 @@ def _accept_locked(
     # The common cycle (its UPDATE wrote the final state; no shadow can wait on a task-mode row;
     # no input round to withdraw): the `accepted` event and the way's events go into the
     # receipt's own statement, with the receipt's key read from its CTE.
+    accepted_data = {"terminal_status": terminal_status,
+                     **_cancel_figures(op=op, cancelled=cancelled, now=timezone.now())}
     folded = written_final and op.execution_mode != "sync" and not op.input_round
     folded_events = None
     if folded:
         folded_events = [*events_before, EventSpec(
-            kind="accepted", from_state=op.state, to_state=final_state,
-            data={"terminal_status": terminal_status,
-                  **_cancel_figures(op=op, cancelled=cancelled, now=timezone.now())})]
+            kind="accepted", from_state=op.state, to_state=final_state, data=accepted_data)]
     # ON CONFLICT DO NOTHING rather than a caught IntegrityError: a second receipt for the call
     # node and epoch (or the operation) is refused without aborting the transaction, so the
     # caller's transaction goes on to record the refusal without a savepoint around this block.
@@ -142,9 +142,7 @@ def _accept_locked(
     # opened a round has none (a round is created with the `input_round` bump, in one transaction).
     if op.input_round:
         input_rounds_withdraw(operation_id=op.id)
-    now = timezone.now()
-    event_data = {"receipt_id": receipt.pk, "terminal_status": terminal_status,
-                  **_cancel_figures(op=op, cancelled=cancelled, now=now)}
+    event_data = {"receipt_id": receipt.pk, **accepted_data}
     if written_final:
         operation_finalized_event_locked(op=op, final_state=final_state,
                                          terminal_status=terminal_status, event_kind="accepted",

@@ -16,7 +16,7 @@ from ledger.models import Operation, OperationEvent
 from ledger.services.events import operation_record_event
 from ledger.services.transitions import operation_transition, operation_update_guarded
 from ledger.states import State
-from tests.concurrency import wait_for_lock_waiter
+from tests.concurrency import release_once_a_lock_is_awaited
 from tests.ledger.factories import OperationFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -88,15 +88,6 @@ def test_inside_a_callers_transaction_the_update_and_the_event_are_two_statement
     assert [s[1] for s in _series(op)] == ["status_changed"]
 
 
-def _release_when_waiting(release: threading.Event) -> None:
-    """Set `release` once a transaction waits for a row lock (or after 10 s)."""
-    try:
-        wait_for_lock_waiter()
-    finally:
-        release.set()
-        connection.close()
-
-
 def test_an_event_appended_while_the_write_waits_for_the_lock_is_kept_and_the_write_retried() -> None:
     """The one statement's snapshot predates the other appender's commit, so its `max(seq)` misses
     that event and meets the unique constraint; the write is then made as two statements."""
@@ -121,7 +112,7 @@ def test_an_event_appended_while_the_write_waits_for_the_lock_is_kept_and_the_wr
     thread.start()
     assert locked.wait(10)
     # Let the appender commit once the statement below is blocked on the row's lock.
-    watcher = threading.Thread(target=_release_when_waiting, args=(release,))
+    watcher = threading.Thread(target=release_once_a_lock_is_awaited, args=(release,))
     watcher.start()
     try:
         with CaptureQueriesContext(connection) as captured:

@@ -10,7 +10,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from ledger.models import AdapterState, RolloutConfig
-from tests.concurrency import wait_for_lock_waiter
+from tests.concurrency import release_once_a_lock_is_awaited
 from tests.ledger.factories import ToolServerFactory
 from toolops.errors import SubmitRefused
 from toolops.services.adapters_admin import adapter_status_check
@@ -68,17 +68,10 @@ def test_a_disable_holding_the_lock_is_waited_for_and_its_status_read() -> None:
         finally:
             connection.close()
 
-    def release_when_waiting() -> None:
-        try:
-            wait_for_lock_waiter()
-        finally:
-            release.set()
-            connection.close()
-
     holder = threading.Thread(target=disabler)
     holder.start()
     assert locked.wait(10)
-    watcher = threading.Thread(target=release_when_waiting)
+    watcher = threading.Thread(target=release_once_a_lock_is_awaited, args=(release,))
     watcher.start()
     try:
         with transaction.atomic():
