@@ -45,8 +45,8 @@ def rollout_scope_row(rows: Iterable[RolloutConfig], tool_name: str) -> RolloutC
 
 def rollout_config_for(*, server: ToolServer, tool_name: str) -> RolloutConfig | None:
     """The tool's row if any, else the server's row, else None (historic behaviour)."""
-    return rollout_scope_row(RolloutConfig.objects.filter(server=server, tool_name__in=[tool_name, ""]),
-                      tool_name)
+    return rollout_scope_row(
+        RolloutConfig.objects.filter(server=server, tool_name__in=[tool_name, ""]), tool_name)
 
 
 def rollout_config_locked(*, server: ToolServer, tool_name: str) -> RolloutConfig | None:
@@ -69,8 +69,8 @@ def rollout_config_locked(*, server: ToolServer, tool_name: str) -> RolloutConfi
             [server.pk, tool_name],
         )
         rows = cursor.fetchall()
-    return rollout_scope_row((RolloutConfig.from_db(connection.alias, [f.attname for f in fields], row)
-                       for row in rows), tool_name)
+    return rollout_scope_row((RolloutConfig.from_db(connection.alias, [f.attname for f in fields],
+                                                    row) for row in rows), tool_name)
 
 
 def tool_is_read_only(*, server: ToolServer, tool_name: str, config: RolloutConfig | None) -> bool:
