@@ -36,7 +36,8 @@ def request_deadline(at: float | None) -> Iterator[None]:
         _deadline.reset(token)
 
 
-def _bounded(timeout: float | None, error: type[Exception]) -> float | None:
+def bounded_timeout(timeout: float | None, error: type[Exception]) -> float | None:
+    """`timeout` cut to the time left before this thread's request deadline; `error` once it passed."""
     at = _deadline.get()
     if at is None:
         return timeout
@@ -51,17 +52,18 @@ class _DeadlineStream(httpcore.NetworkStream):
         self._inner = inner
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._inner.read(max_bytes, _bounded(timeout, httpcore.ReadTimeout))
+        return self._inner.read(max_bytes, bounded_timeout(timeout, httpcore.ReadTimeout))
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._inner.write(buffer, _bounded(timeout, httpcore.WriteTimeout))
+        self._inner.write(buffer, bounded_timeout(timeout, httpcore.WriteTimeout))
 
     def close(self) -> None:
         self._inner.close()
 
     def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
                   timeout: float | None = None) -> httpcore.NetworkStream:
-        tls = self._inner.start_tls(ssl_context, server_hostname, _bounded(timeout, httpcore.ConnectTimeout))
+        tls = self._inner.start_tls(ssl_context, server_hostname,
+                                    bounded_timeout(timeout, httpcore.ConnectTimeout))
         return _DeadlineStream(tls)
 
     def get_extra_info(self, info: str) -> typing.Any:
@@ -76,14 +78,14 @@ class _DeadlineBackend(httpcore.NetworkBackend):
                     local_address: str | None = None,
                     socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
                     ) -> httpcore.NetworkStream:
-        stream = self._inner.connect_tcp(host, port, _bounded(timeout, httpcore.ConnectTimeout),
+        stream = self._inner.connect_tcp(host, port, bounded_timeout(timeout, httpcore.ConnectTimeout),
                                          local_address, socket_options)
         return _DeadlineStream(stream)
 
     def connect_unix_socket(self, path: str, timeout: float | None = None,
                             socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
                             ) -> httpcore.NetworkStream:
-        stream = self._inner.connect_unix_socket(path, _bounded(timeout, httpcore.ConnectTimeout),
+        stream = self._inner.connect_unix_socket(path, bounded_timeout(timeout, httpcore.ConnectTimeout),
                                                  socket_options)
         return _DeadlineStream(stream)
 
@@ -113,4 +115,4 @@ def install_deadline(client: httpx.Client) -> int:
     return wrapped
 
 
-__all__ = ["deadline_backend", "install_deadline", "request_deadline"]
+__all__ = ["bounded_timeout", "deadline_backend", "install_deadline", "request_deadline"]

@@ -25,6 +25,7 @@ from adapters import (
 )
 from adapters.aip151 import Aip151Adapter
 from adapters.deadline import install_deadline
+from adapters.http11 import Http11Transport
 
 DEADLINE_S = 1.5
 TRICKLE_FOR_S = 40.0  # far beyond the deadline: a call that ends early was cut by it
@@ -106,6 +107,18 @@ def base_url() -> Iterator[str]:
     server.server_close()
 
 
+@pytest.fixture(params=["httpx", "http11"])
+def transport(request: pytest.FixtureRequest) -> Iterator[Http11Transport | None]:
+    """Both wires the adapters run on: httpx's own transport (with the deadline backend the
+    adapters install) and the executor's HTTP/1.1 transport, which bounds every read itself."""
+    if request.param == "httpx":
+        yield None
+        return
+    wire = Http11Transport()
+    yield wire
+    wire.close()
+
+
 def _timed(fn: Any) -> tuple[BaseException, float]:
     started = time.monotonic()
     with pytest.raises(Exception) as info:
@@ -113,21 +126,25 @@ def _timed(fn: Any) -> tuple[BaseException, float]:
     return info.value, time.monotonic() - started
 
 
-def _mcp(url: str, **kwargs: Any) -> McpTasks2025Adapter:
-    return McpTasks2025Adapter(url=url, timeout_s=30.0, request_deadline_s=DEADLINE_S, **kwargs)
+def _mcp(url: str, transport: Http11Transport | None = None, **kwargs: Any) -> McpTasks2025Adapter:
+    return McpTasks2025Adapter(url=url, timeout_s=30.0, request_deadline_s=DEADLINE_S, transport=transport,
+                               **kwargs)
 
 
 @pytest.mark.parametrize("mode", ["trickle-headers", "trickle-body", "trickle-sse"])
-def test_a_trickled_read_ends_at_the_deadline_as_transient(base_url: str, mode: str) -> None:
-    with _mcp(f"{base_url}/{mode}") as adapter:
+def test_a_trickled_read_ends_at_the_deadline_as_transient(base_url: str, mode: str,
+                                                          transport: Http11Transport | None) -> None:
+    with _mcp(f"{base_url}/{mode}", transport) as adapter:
         error, elapsed = _timed(lambda: adapter.get(remote_id="t-1"))
     assert isinstance(error, TransientError) and error.detail["deadline"] is True, repr(error)
     assert DEADLINE_S * 0.9 <= elapsed < DEADLINE_S + SLACK_S
 
 
 @pytest.mark.parametrize("mode", ["trickle-headers", "trickle-body", "trickle-sse"])
-def test_a_trickled_tools_call_ends_at_the_deadline_as_maybe_created(base_url: str, mode: str) -> None:
-    with _mcp(f"{base_url}/{mode}") as adapter:
+def test_a_trickled_tools_call_ends_at_the_deadline_as_maybe_created(
+    base_url: str, mode: str, transport: Http11Transport | None
+) -> None:
+    with _mcp(f"{base_url}/{mode}", transport) as adapter:
         error, elapsed = _timed(lambda: adapter.submit(tool="t", arguments={}, ttl_ms=None,
                                                        submission_key="k"))
     assert isinstance(error, LostResponseError), repr(error)
@@ -143,14 +160,16 @@ def test_the_tasks_extension_has_the_same_deadline(base_url: str) -> None:
     adapter.close()
 
 
-def _aip(base_url: str, mode: str, **kwargs: Any) -> Aip151Adapter:
+def _aip(base_url: str, mode: str, transport: Http11Transport | None = None, **kwargs: Any) -> Aip151Adapter:
     options = {"operations_prefix": "ops", "methods": {"render": {"http_method": "POST", "path": mode}}}
-    return Aip151Adapter(url=base_url, options=options, timeout_s=30.0, **kwargs)
+    return Aip151Adapter(url=base_url, options=options, timeout_s=30.0, transport=transport, **kwargs)
 
 
 @pytest.mark.parametrize("mode", ["trickle-headers", "trickle-body"])
-def test_aip151_calls_end_at_one_deadline_for_all_their_attempts(base_url: str, mode: str) -> None:
-    with _aip(base_url, mode, request_deadline_s=DEADLINE_S) as adapter:
+def test_aip151_calls_end_at_one_deadline_for_all_their_attempts(
+    base_url: str, mode: str, transport: Http11Transport | None
+) -> None:
+    with _aip(base_url, mode, transport, request_deadline_s=DEADLINE_S) as adapter:
         error, elapsed = _timed(lambda: adapter.get(remote_id=mode))
         assert isinstance(error, TransientError) and error.detail.get("deadline"), repr(error)
         assert elapsed < DEADLINE_S + SLACK_S
@@ -160,12 +179,13 @@ def test_aip151_calls_end_at_one_deadline_for_all_their_attempts(base_url: str, 
         assert elapsed < DEADLINE_S + SLACK_S
 
 
-def test_an_endless_body_stops_at_the_size_cap_without_reading_on(base_url: str) -> None:
+def test_an_endless_body_stops_at_the_size_cap_without_reading_on(base_url: str,
+                                                                  transport: Http11Transport | None) -> None:
     cap = 100_000
-    with _mcp(f"{base_url}/endless", max_response_bytes=cap) as adapter:
+    with _mcp(f"{base_url}/endless", transport, max_response_bytes=cap) as adapter:
         error, _ = _timed(lambda: adapter.get(remote_id="t-1"))
     assert isinstance(error, ProtocolViolationError) and "size limit" in str(error)
-    with _aip(base_url, "endless", max_response_bytes=cap) as aip:
+    with _aip(base_url, "endless", transport, max_response_bytes=cap) as aip:
         error, _ = _timed(lambda: aip.get(remote_id="endless"))
     assert isinstance(error, ProtocolViolationError) and error.detail["max_response_bytes"] == cap
     # The server stopped long before its 200 MiB: the client closed the connection at the cap.

@@ -1,12 +1,12 @@
 """The httpx transport every adapter talks through: the URL policy at connect time, credentials
 added at send time.
 
-Connect time: httpcore opens sockets through a network backend; ours resolves the host itself,
-checks every address with the server URL policy (toolops/services/url_policy.py) and connects to
-an address it checked. The name is never resolved twice between check and connect, so a DNS
-answer that changes after registration (rebinding) cannot reach a refused address. TLS still
-verifies the certificate against the host name (httpcore passes the name, not the address, as
-server_hostname).
+Connect time: the HTTP/1.1 transport (adapters/http11.py) opens sockets through `policy_connect`,
+which resolves the host itself, checks every address with the server URL policy
+(toolops/services/url_policy.py) and connects to an address it checked. The name is never
+resolved twice between check and connect, so a DNS answer that changes after registration
+(rebinding) cannot reach a refused address. TLS still verifies the certificate against the host
+name (the transport passes the name, not the address, as server_hostname).
 
 Send time: ToolServer.credentials (headers, query parameters split off the URL at registration)
 are added to each request, so no URL we store, show or log carries them.
@@ -17,13 +17,12 @@ caller's own network: it gets the credentials, and the syntax checks, but opens 
 
 from __future__ import annotations
 
-import typing
+import socket
 from typing import Any
 
-import httpcore
 import httpx
 
-from adapters.deadline import deadline_backend
+from adapters.http11 import Http11Transport, tcp_connect
 from toolops.services.url_policy import (
     SCHEMES,
     UrlRefused,
@@ -34,48 +33,27 @@ from toolops.services.url_policy import (
 )
 
 
-class PolicyNetworkBackend(httpcore.NetworkBackend):
-    """Opens TCP connections only to addresses the server URL policy allows."""
-
-    def __init__(self) -> None:
-        self._inner = httpcore.SyncBackend()
-
-    def connect_tcp(
-        self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
-        socket_options: typing.Iterable[Any] | None = None,
-    ) -> httpcore.NetworkStream:
+def policy_connect(host: str, port: int, timeout: float | None) -> socket.socket:
+    """A TCP socket to an address of `host` that the server URL policy allows."""
+    try:
+        addresses = host_addresses(host, port)
+        addresses_check(host, addresses, allowed=allowed_hosts())
+    except UrlRefused as exc:
+        # A connect error to httpx: nothing was sent, the adapters' taxonomy holds.
+        raise httpx.ConnectError(f"refused by the server URL policy: {exc}") from exc
+    last: Exception | None = None
+    for addr in addresses:
         try:
-            addresses = host_addresses(host, port)
-            addresses_check(host, addresses, allowed=allowed_hosts())
-        except UrlRefused as exc:
-            # A connect error to httpx: nothing was sent, the adapters' taxonomy holds.
-            raise httpcore.ConnectError(f"refused by the server URL policy: {exc}") from exc
-        last: Exception | None = None
-        for addr in addresses:
-            try:
-                return self._inner.connect_tcp(str(addr), port, timeout=timeout,
-                                               local_address=local_address,
-                                               socket_options=socket_options)
-            except (httpcore.ConnectError, httpcore.ConnectTimeout, OSError) as exc:
-                last = exc
-        assert last is not None
-        raise last
-
-    def connect_unix_socket(self, path: str, timeout: float | None = None,
-                            socket_options: typing.Iterable[Any] | None = None) -> httpcore.NetworkStream:
-        raise httpcore.ConnectError("unix sockets are outside the server URL policy")
-
-    def sleep(self, seconds: float) -> None:
-        self._inner.sleep(seconds)
+            # The checked address, never the name: resolving again could answer differently.
+            return tcp_connect(str(addr), port, timeout)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            last = exc
+    assert last is not None
+    raise last
 
 
-def _policy_http_transport() -> httpx.HTTPTransport:
-    transport = httpx.HTTPTransport()
-    # httpx builds its httpcore pool without a backend parameter; ours replaces the default one.
-    # The adapters' per-request deadline wraps it: a transport handed to an adapter is left alone
-    # by the adapter, so the socket-level deadline must be installed here.
-    transport._pool._network_backend = deadline_backend(PolicyNetworkBackend())
-    return transport
+def _policy_http_transport() -> Http11Transport:
+    return Http11Transport(connect=policy_connect)
 
 
 class ServerTransport(httpx.BaseTransport):
@@ -112,4 +90,4 @@ def server_transport(*, credentials: dict[str, Any] | None = None,
     return ServerTransport(credentials=credentials, inner=inner)
 
 
-__all__ = ["PolicyNetworkBackend", "ServerTransport", "server_transport"]
+__all__ = ["ServerTransport", "policy_connect", "server_transport"]
