@@ -11,7 +11,7 @@ exactly as the ORM builds them.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,8 +62,11 @@ def _fetch_one(alias: str, compiled: _Compiled, params: list[Any]) -> list[Any] 
     with connection.cursor() as cursor:
         cursor.execute(compiled.sql, params)
         row = cursor.fetchone()
-    if row is None:
-        return None
+    return None if row is None else _converted(alias, compiled, row)
+
+
+def _converted(alias: str, compiled: _Compiled, row: Sequence[Any]) -> list[Any]:
+    connection = connections[alias]
     values = list(row)
     for i, convs, expression in compiled.converters:
         for convert in convs:
@@ -77,6 +80,20 @@ def server_load(*, name: str) -> ToolServer | None:
     compiled = _compile(alias, by="server")
     values = _fetch_one(alias, compiled, [name])
     return None if values is None else ToolServer.from_db(alias, compiled.server_fields, values)
+
+
+def server_read_sql(*, alias: str) -> tuple[str, int]:
+    """`server_load`'s statement (one parameter, the name) and how many columns it selects: for
+    a caller that reads more beside the server in the same statement."""
+    compiled = _compile(alias, by="server")
+    return compiled.sql, len(compiled.server_fields)
+
+
+def server_from_row(*, alias: str, row: Sequence[Any]) -> ToolServer:
+    """The server from the first columns of `row`, as `server_load` builds it from its own."""
+    compiled = _compile(alias, by="server")
+    values = _converted(alias, compiled, row[: len(compiled.server_fields)])
+    return ToolServer.from_db(alias, compiled.server_fields, values)
 
 
 def operation_load(*, operation_id: uuid.UUID) -> Operation | None:

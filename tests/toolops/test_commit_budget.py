@@ -36,13 +36,13 @@ BUDGET = {"submit": 2, "working_poll": 2, "terminal_poll": 2}
 CALL_BUDGET = 6
 CLAIM_BUDGET = 1
 # Statements per step (savepoints included; neither the submit's insert nor acceptance takes
-# one): the server's read, the adapter's status with the rollout rows (one statement), the row
+# one): the server with the adapter's status and the rollout rows (one statement), the row
 # with its `created` event (its key check is the insert's own) and the reply with its
 # `submitted` event at submit; the row's read and one
 # guarded UPDATE for a working poll; the row's read, one UPDATE ... RETURNING that writes the
 # status, the result and the final state, and one statement for the receipt, its outbox row, the
 # events of the way there and the accepted event, for the terminal poll.
-STATEMENT_BUDGET = {"submit": 4, "working_poll": 2, "terminal_poll": 3}
+STATEMENT_BUDGET = {"submit": 3, "working_poll": 2, "terminal_poll": 3}
 
 
 @dataclass

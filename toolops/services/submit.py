@@ -32,7 +32,7 @@ from adapters.base import FetchedResult, RemoteTask, SubmitOutcome, TaskAdapter
 from ledger.digests import request_digest
 from ledger.errors import IllegalTransition
 from ledger.models import Operation, ToolServer
-from ledger.selectors.rows import operation_submission_key_taken, server_load
+from ledger.selectors.rows import operation_submission_key_taken
 from ledger.services.events import operation_insert_with_first_event
 from ledger.services.schedule import RELEASE, schedule_at, schedule_leased, schedule_now
 from ledger.services.transitions import operation_transition
@@ -240,16 +240,16 @@ def operation_submit(
     # (a replay under an idempotency key) is the insert's own: a key already taken skips the
     # insert (SubmissionKeyTaken), with no read of its own ahead of it.
     with _ledger_write("recording the submission"), transaction.atomic(durable=True):
-        server = _server_for(server_name=server_name, tenant=tenant)
+        # Read under the lock the insert needs: the path is chosen from rows no rollback can
+        # change before this transaction commits.
+        admission = submit_admission_locked(server_name=server_name, tool_name=tool_name)
+        server = _server_checked(server=admission.server, server_name=server_name, tenant=tenant)
         try:
             if not call_node_id:
                 raise SubmitRefused("a call node id is required")
             args = dict(arguments or {})
             mode, tool = _choose_mode(server=server, tool_name=tool_name)
             # The canary and the rollback switch pick the executor path.
-            # Read under the lock the insert needs: the path is chosen from rows no rollback can
-            # change before this transaction commits.
-            admission = submit_admission_locked(server=server, tool_name=tool_name)
             route = rollout_route(server=server, tool_name=tool_name, tool=tool,
                                   call_node_id=call_node_id, mode=mode,
                                   offers_tasks=server_offers_tasks(server=server),
@@ -287,8 +287,7 @@ def _ledger_write(what: str) -> Iterator[None]:
             "to the server, retry with the same key") from exc
 
 
-def _server_for(*, server_name: str, tenant: str) -> ToolServer:
-    server = server_load(name=server_name)
+def _server_checked(*, server: ToolServer | None, server_name: str, tenant: str) -> ToolServer:
     if server is None:
         raise ServerNotFound(f"no tool server named {server_name!r}")
     if tenant and server.tenant not in ("", tenant):
