@@ -114,6 +114,16 @@ def _socket_idle(sock: socket.socket) -> bool:
     return not readable
 
 
+def _wire_error(exc: Exception, *, timeout: type[httpx.TimeoutException],
+                failure: type[httpx.TransportError], what: str) -> httpx.TransportError:
+    """A socket failure as the httpx exception of its step (connect or write)."""
+    if isinstance(exc, httpx.TransportError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return timeout(f"{what} timed out: {exc}")
+    return failure(f"{what} failed: {exc}")
+
+
 def _read_errors(exc: BaseException) -> httpx.TransportError:
     if isinstance(exc, httpx.TransportError):
         return exc
@@ -205,11 +215,8 @@ class Http11Transport(httpx.BaseTransport):
                 sock.sendall(body)
         except Exception as exc:
             _close(sock)
-            if isinstance(exc, httpx.TransportError):
-                raise
-            if isinstance(exc, TimeoutError):
-                raise httpx.WriteTimeout(f"write timed out: {exc}") from exc
-            raise httpx.WriteError(f"write failed: {exc}") from exc
+            raise _wire_error(exc, timeout=httpx.WriteTimeout, failure=httpx.WriteError,
+                              what="write") from exc
         reply = http.client.HTTPResponse(_SocketFile(sock, timeouts.get("read")),  # type: ignore[arg-type]
                                          method=request.method)
         try:
@@ -249,11 +256,8 @@ class Http11Transport(httpx.BaseTransport):
                 sock = context.wrap_socket(sock, server_hostname=host)
         except Exception as exc:
             _close(sock)
-            if isinstance(exc, httpx.TransportError):
-                raise
-            if isinstance(exc, TimeoutError):
-                raise httpx.ConnectTimeout(f"TLS handshake timed out: {exc}") from exc
-            raise httpx.ConnectError(f"TLS handshake failed: {exc}") from exc
+            raise _wire_error(exc, timeout=httpx.ConnectTimeout, failure=httpx.ConnectError,
+                              what="TLS handshake") from exc
         return sock
 
     def _release(self, origin: Origin, sock: socket.socket) -> None:
