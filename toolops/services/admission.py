@@ -4,10 +4,11 @@ under SHARE locks the adapter version's status and the tool's rollout rows.
 The last two are read under lock for the same reason (a drain, a disable or a rollback that
 commits after the read must wait for the submit, and one that committed before it is seen:
 toolops/services/adapters_admin.py and rollout.py); the server is what both are found from. On
-PostgreSQL the three are one statement. Lock order: no
-transaction holds one of these rows exclusively while it waits for the other (a rollback locks
-rollout rows and operations, a disable the adapter's row and then counts operations), so the
-order in which this statement takes its two SHARE locks cannot close a cycle.
+PostgreSQL the three are one statement. Lock order: no transaction holds one of these rows
+exclusively while it waits for the other (a rollback locks rollout rows and operations, a
+disable the adapter's row and then counts operations), so the order in which this statement
+takes its two SHARE locks cannot close a cycle. The server's row is not locked, as it was not
+when it was read alone: a submit that read it before a disable committed still goes through.
 """
 
 from __future__ import annotations
