@@ -35,7 +35,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 
@@ -76,7 +76,8 @@ class _NetworkStream:
 
 
 class _DeadlineReader(io.RawIOBase):
-    """The socket as a raw stream whose every read is bounded by the request deadline."""
+    """The socket as a raw stream whose every read is bounded by the request deadline. Closing
+    it leaves the socket open: on a keep-alive connection the socket outlives one reply."""
 
     def __init__(self, sock: socket.socket, timeout: float | None) -> None:
         self._sock = sock
@@ -89,9 +90,6 @@ class _DeadlineReader(io.RawIOBase):
         self._sock.settimeout(bounded_timeout(self._timeout, httpx.ReadTimeout))
         return self._sock.recv_into(buffer)
 
-    def close(self) -> None:
-        # The socket outlives one reply on a keep-alive connection; the transport closes it.
-        super().close()
 
 
 class _SocketFile:
@@ -124,6 +122,13 @@ def _wire_error(exc: Exception, *, timeout: type[httpx.TimeoutException],
     return failure(f"{what} failed: {exc}")
 
 
+def _raise_mapped(error: httpx.TransportError, exc: BaseException) -> NoReturn:
+    """Raise `error`, chained to the failure it was made from (not to itself when it is one)."""
+    if error is exc:
+        raise error
+    raise error from exc
+
+
 def _read_errors(exc: BaseException) -> httpx.TransportError:
     if isinstance(exc, httpx.TransportError):
         return exc
@@ -153,7 +158,7 @@ class _Body(httpx.SyncByteStream):
                 chunk = self._reply.read1(READ_CHUNK)
             except Exception as exc:  # every read failure is one of httpx's transport errors
                 self._discard()
-                raise _read_errors(exc) from exc
+                _raise_mapped(_read_errors(exc), exc)
             if not chunk:
                 return
             yield chunk
@@ -215,8 +220,8 @@ class Http11Transport(httpx.BaseTransport):
                 sock.sendall(body)
         except Exception as exc:
             _close(sock)
-            raise _wire_error(exc, timeout=httpx.WriteTimeout, failure=httpx.WriteError,
-                              what="write") from exc
+            _raise_mapped(_wire_error(exc, timeout=httpx.WriteTimeout, failure=httpx.WriteError,
+                                      what="write"), exc)
         reply = http.client.HTTPResponse(_SocketFile(sock, timeouts.get("read")),  # type: ignore[arg-type]
                                          method=request.method)
         try:
@@ -224,7 +229,7 @@ class Http11Transport(httpx.BaseTransport):
         except Exception as exc:
             reply.close()
             _close(sock)
-            raise _read_errors(exc) from exc
+            _raise_mapped(_read_errors(exc), exc)
         headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in reply.getheaders()]
         return httpx.Response(
             reply.status,
@@ -256,8 +261,8 @@ class Http11Transport(httpx.BaseTransport):
                 sock = context.wrap_socket(sock, server_hostname=host)
         except Exception as exc:
             _close(sock)
-            raise _wire_error(exc, timeout=httpx.ConnectTimeout, failure=httpx.ConnectError,
-                              what="TLS handshake") from exc
+            _raise_mapped(_wire_error(exc, timeout=httpx.ConnectTimeout, failure=httpx.ConnectError,
+                                      what="TLS handshake"), exc)
         return sock
 
     def _release(self, origin: Origin, sock: socket.socket) -> None:

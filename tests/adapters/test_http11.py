@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from adapters.deadline import request_deadline
 from adapters.http11 import Http11Transport, tcp_connect
 
 SEEN: list[tuple[str, int]] = []  # (path, client port) of every request the server read
@@ -54,6 +55,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif route == "garbage":
             self.wfile.write(b"NOT-HTTP\r\n\r\n")
             self.close_connection = True
+        elif route == "slow":
+            time.sleep(1.5)
+            self._reply(200, b"late")
         elif route == "big":
             self._reply(200, b"x" * 200_000)
         elif route == "gzip":
@@ -164,6 +168,14 @@ def test_failures_are_split_by_whether_anything_was_sent(wire: Http11Transport, 
     with pytest.raises(httpx.UnsupportedProtocol):
         _post(wire, f"ftp://127.0.0.1:{port}/echo")
     assert _post(wire, f"http://127.0.0.1:{port}/echo", b"still fine").content == b"still fine"
+
+
+def test_a_read_past_the_request_deadline_is_a_read_timeout(wire: Http11Transport, port: int) -> None:
+    started = time.monotonic()
+    with request_deadline(started + 0.3), pytest.raises(httpx.ReadTimeout) as info:
+        _post(wire, f"http://127.0.0.1:{port}/slow")
+    assert time.monotonic() - started < 1.2  # cut at the deadline, not at the 5 s read timeout
+    assert info.value.__cause__ is not info.value  # chained to the socket's failure, never to itself
 
 
 def test_a_stream_hands_on_each_event_as_it_arrives(wire: Http11Transport, port: int) -> None:
