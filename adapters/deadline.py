@@ -93,12 +93,6 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
-def deadline_backend(inner: httpcore.NetworkBackend) -> httpcore.NetworkBackend:
-    """`inner` with the request deadline applied to every socket it opens: for callers that build
-    their own httpx transport (the executor's policy-checking one) and hand it to an adapter."""
-    return inner if isinstance(inner, _DeadlineBackend) else _DeadlineBackend(inner)
-
-
 def install_deadline(client: httpx.Client) -> int:
     """Wrap the network backend of every httpx-made transport of `client` (its default one and
     the proxy mounts from the environment); returns how many were wrapped. Transports passed in
@@ -115,4 +109,4 @@ def install_deadline(client: httpx.Client) -> int:
     return wrapped
 
 
-__all__ = ["bounded_timeout", "deadline_backend", "install_deadline", "request_deadline"]
+__all__ = ["bounded_timeout", "install_deadline", "request_deadline"]

@@ -59,10 +59,9 @@ def tcp_connect(host: str, port: int, timeout: float | None) -> socket.socket:
     """Plain `socket.create_connection`: for callers without an address policy."""
     try:
         return socket.create_connection((host, port), timeout=bounded_timeout(timeout, httpx.ConnectTimeout))
-    except TimeoutError as exc:
-        raise httpx.ConnectTimeout(f"connect to {host}:{port} timed out") from exc
-    except OSError as exc:
-        raise httpx.ConnectError(f"connect to {host}:{port} failed: {exc}") from exc
+    except Exception as exc:
+        _raise_mapped(_wire_error(exc, timeout=httpx.ConnectTimeout, failure=httpx.ConnectError,
+                                  what=f"connect to {host}:{port}"), exc)
 
 
 class _NetworkStream:
@@ -91,7 +90,6 @@ class _DeadlineReader(io.RawIOBase):
         return self._sock.recv_into(buffer)
 
 
-
 class _SocketFile:
     """What `http.client.HTTPResponse` reads from: a buffered, deadline-bounded socket."""
 
@@ -104,17 +102,19 @@ class _SocketFile:
 
 
 def _socket_idle(sock: socket.socket) -> bool:
-    """True when nothing is pending on a kept connection: no EOF, no unasked-for bytes."""
+    """True when nothing is pending on a kept connection: no EOF, no unasked-for bytes. poll(),
+    not select(): a worker with over 1,024 descriptors open would otherwise reuse nothing."""
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return not poller.poll(0)
     except (OSError, ValueError):
         return False
-    return not readable
 
 
 def _wire_error(exc: Exception, *, timeout: type[httpx.TimeoutException],
                 failure: type[httpx.TransportError], what: str) -> httpx.TransportError:
-    """A socket failure as the httpx exception of its step (connect or write)."""
+    """A socket failure as the httpx exception of its step (connect, write or read)."""
     if isinstance(exc, httpx.TransportError):
         return exc
     if isinstance(exc, TimeoutError):
@@ -129,16 +129,12 @@ def _raise_mapped(error: httpx.TransportError, exc: BaseException) -> NoReturn:
     raise error from exc
 
 
-def _read_errors(exc: BaseException) -> httpx.TransportError:
-    if isinstance(exc, httpx.TransportError):
-        return exc
-    if isinstance(exc, TimeoutError):
-        return httpx.ReadTimeout(f"read timed out: {exc}")
+def _read_errors(exc: Exception) -> httpx.TransportError:
     if isinstance(exc, http.client.RemoteDisconnected):
         return httpx.RemoteProtocolError("server disconnected without sending a response")
     if isinstance(exc, http.client.HTTPException):
         return httpx.RemoteProtocolError(f"malformed HTTP reply: {type(exc).__name__}: {exc}")
-    return httpx.ReadError(f"read failed: {exc}")
+    return _wire_error(exc, timeout=httpx.ReadTimeout, failure=httpx.ReadError, what="read")
 
 
 class _Body(httpx.SyncByteStream):

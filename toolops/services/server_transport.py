@@ -52,10 +52,6 @@ def policy_connect(host: str, port: int, timeout: float | None) -> socket.socket
     raise last
 
 
-def _policy_http_transport() -> Http11Transport:
-    return Http11Transport(connect=policy_connect)
-
-
 class ServerTransport(httpx.BaseTransport):
     """Credentials on every request; the URL policy on every connection (see the module doc)."""
 
@@ -65,7 +61,7 @@ class ServerTransport(httpx.BaseTransport):
         self._headers = {str(k): str(v) for k, v in (creds.get("headers") or {}).items()}
         self._query = {str(k): str(v) for k, v in (creds.get("query") or {}).items()}
         self._owned = inner is None
-        self._inner = inner if inner is not None else _policy_http_transport()
+        self._inner = inner if inner is not None else Http11Transport(connect=policy_connect)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         if request.url.scheme not in SCHEMES:
