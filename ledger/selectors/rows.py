@@ -1,6 +1,6 @@
 """The hot path's reads by key: an operation row with its server by id (every poll, fetch and
-resolution loads its row this way, once), a server by name and whether a submission key is
-taken (every submit).
+resolution loads its row this way, once), a claimed batch of such rows in one statement, a server
+by name and whether a submission key is taken (every submit).
 
 Each statement is the ORM's own read (`select_related("server")`, `filter(name=...)`), built once
 per database connection with the fields' converters and replayed as SQL: compiling the same query
@@ -103,13 +103,46 @@ def operation_load(*, operation_id: uuid.UUID) -> Operation | None:
     connection = connections[alias]
     id_value = Operation._meta.pk.get_db_prep_value(operation_id, connection)  # type: ignore[union-attr]
     values = _fetch_one(alias, compiled, [id_value])
-    if values is None:
-        return None
+    return None if values is None else _operation_built(alias, compiled, values)
+
+
+def _operation_built(alias: str, compiled: _Compiled, values: list[Any]) -> Operation:
+    """The row and its server from one converted result row, as `select_related` builds them."""
     n = len(compiled.op_fields)
     op = Operation.from_db(alias, compiled.op_fields, values[:n])
-    server = ToolServer.from_db(alias, compiled.server_fields, values[n:])
-    op._state.fields_cache["server"] = server
+    op._state.fields_cache["server"] = ToolServer.from_db(alias, compiled.server_fields, values[n:])
     return op
+
+
+def _batch_sql(alias: str) -> str:
+    """The one-row read with the key compared to an array (`= ANY(%s)`, PostgreSQL): one
+    statement text, prepared once, whatever the batch's size."""
+
+    def spell() -> str:
+        single = _compile(alias).sql
+        if not single.endswith(" = %s"):
+            raise RuntimeError("the operation read does not end with its key's equality")
+        return f"{single[:-len(' = %s')]} = ANY(%s)"
+
+    return statement_spelled(site="row_read_batch", shape=alias, spell=spell)
+
+
+def operations_load(*, operation_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Operation]:
+    """Several rows with their servers, each as `operation_load` builds it, in one statement:
+    a batch of claimed rows is read once, not row by row. Ids with no row are absent."""
+    if not operation_ids:
+        return {}
+    alias = router.db_for_read(Operation)
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        query = Operation.objects.using(alias).select_related("server")
+        return {op.id: op for op in query.filter(id__in=list(operation_ids))}
+    compiled = _compile(alias)
+    with connection.cursor() as cursor:
+        cursor.execute(_batch_sql(alias), [list(operation_ids)])
+        rows = cursor.fetchall()
+    built = (_operation_built(alias, compiled, _converted(alias, compiled, row)) for row in rows)
+    return {op.id: op for op in built}
 
 
 def operation_submission_key_taken(*, submission_key: str) -> bool:

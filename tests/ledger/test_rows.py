@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from ledger.models import Operation, ToolServer
-from ledger.selectors.rows import operation_load, operation_submission_key_taken, server_load
+from ledger.selectors.rows import (
+    operation_load,
+    operation_submission_key_taken,
+    operations_load,
+    server_load,
+)
 from tests.ledger.factories import OperationFactory, ToolServerFactory
 
 
@@ -59,3 +67,29 @@ def test_a_taken_submission_key_is_seen_as_the_orm_sees_it() -> None:
             Operation.objects.filter(submission_key=key).exists()), key
     assert operation_submission_key_taken(submission_key="k-taken") is True
     assert operation_submission_key_taken(submission_key="k-free") is False
+
+
+@pytest.mark.django_db
+def test_a_batch_loads_each_row_as_operation_load_does_in_one_statement() -> None:
+    servers = [ToolServerFactory(credentials={"headers": {"X-N": str(n)}}) for n in range(2)]
+    ops = [OperationFactory(server=servers[n % 2], result={"n": n}, lease_owner=f"w{n}",
+                            lease_expires_at=timezone.now() + timedelta(seconds=n))
+           for n in range(5)]
+    missing = uuid.uuid4()
+    with CaptureQueriesContext(connection) as queries:
+        loaded = operations_load(operation_ids=[op.id for op in ops] + [missing])
+    assert len(queries.captured_queries) == 1
+    assert set(loaded) == {op.id for op in ops}  # the id with no row is absent
+    for op in ops:
+        one = operation_load(operation_id=op.id)
+        assert one is not None
+        _same(loaded[op.id], one, Operation)
+        _same(loaded[op.id].server, one.server, ToolServer)
+        assert loaded[op.id]._state.adding is False and loaded[op.id]._state.db == "default"
+
+
+@pytest.mark.django_db
+def test_an_empty_batch_sends_nothing() -> None:
+    with CaptureQueriesContext(connection) as queries:
+        assert operations_load(operation_ids=[]) == {}
+    assert queries.captured_queries == []

@@ -63,7 +63,7 @@ _MAYBE_STALE = frozenset({"stale_observation", "stale_lease", "acceptance_refuse
 
 
 def operation_poll(*, operation_id: uuid.UUID, lease_owner: str,
-                   hold_until: datetime | None = None) -> str:
+                   hold_until: datetime | None = None, loaded: Operation | None = None) -> str:
     """Poll one leased row. Returns a short outcome label (for logs and the runner).
 
     A worker of an older execution epoch (a rollback moved the row to the other
@@ -71,8 +71,13 @@ def operation_poll(*, operation_id: uuid.UUID, lease_owner: str,
     `hold_until`: the caller polls this row again in-process if its next poll falls before then
     (toolops.services.poll_batch), so a working answer keeps the lease instead of releasing it;
     the outcome is then `held:<next poll time, ISO 8601>` instead of `working`.
+    `loaded`: the row as the caller read it for this poll, with its batch (`operations_load`),
+    instead of a read here. Only its checks at the start use it: every write below is guarded in
+    SQL by lease, state, epoch and sequence, so a row that moved on since that read is refused
+    there exactly as one that moves on during the poll.
     """
-    op = operation_load(operation_id=operation_id)
+    op = loaded if loaded is not None and loaded.id == operation_id else (
+        operation_load(operation_id=operation_id))
     if op is None:
         return "missing"
     # Every log line of this poll (ours, the adapters', the services') carries the operation's

@@ -2,10 +2,12 @@
 
 A batch (the ids one dispatcher claim leased to one owner) is polled on the process's poll
 threads, each row inside the per-row error boundary (`operation_poll_guarded`), so a crash of
-one row is recorded on that row and the others carry on. Every poll still reloads its row,
-takes its QPS token through `server_call` and writes through the guarded UPDATEs of the poll
-cycle; the threads only overlap the waits (server, PostgreSQL, Redis). The adapter cache is per
-process, so all threads share one pooled HTTP client per server.
+one row is recorded on that row and the others carry on. The batch's rows are read again from
+the ledger in one statement before their polls start (the broker carries ids only); each poll
+re-checks lease and epoch on that read, takes its QPS token through `server_call` and writes
+through the guarded UPDATEs of the poll cycle; the threads only overlap the waits (server,
+PostgreSQL, Redis). The adapter cache is per process, so all threads share one pooled HTTP
+client per server.
 
 Holding: a working row whose next poll is due within TOOLOPS_POLL_HOLD_SECONDS keeps its lease
 (written by the poll's own guarded UPDATE, with its `next_poll_at` as usual: the ledger stays the
@@ -46,7 +48,7 @@ from django.utils import timezone
 from ledger.models import Operation
 from ledger.services.schedule import RELEASE, lease_extended
 from ledger.states import POLLABLE
-from toolops.services.boundary import operation_poll_guarded
+from toolops.services.boundary import operation_poll_guarded, operations_load_for_poll
 from toolops.services.db_retry import exception_redacted
 
 logger = logging.getLogger("toolops.poll_batch")
@@ -253,8 +255,12 @@ def _submit_rows(*, threads: _PollThreads, holder: _Holder, operation_ids: list[
     hold_until = None
     if hold_seconds > 0 and holder.size() < int(settings.TOOLOPS_POLL_HOLD_MAX_ROWS):
         hold_until = timezone.now() + timedelta(seconds=hold_seconds)
+    # The batch's rows are read here in one statement, not by each poll (one round trip per
+    # batch instead of per row); a row missing from the read is read by its own poll.
+    loaded = operations_load_for_poll(operation_ids=operation_ids)
     return [(op_id, threads.submit(partial(operation_poll_guarded, operation_id=op_id,
-                                           lease_owner=lease_owner, hold_until=hold_until)))
+                                           lease_owner=lease_owner, hold_until=hold_until,
+                                           loaded=loaded.get(op_id))))
             for op_id in operation_ids]
 
 

@@ -29,6 +29,7 @@ from ledger.errors import LedgerError
 from ledger.models import InputRequest, Operation, OperationEvent, ToolServer
 from ledger.states import OPEN, State
 from toolops.errors import ToolopsError
+from toolops.services.boundary import operations_load_for_poll
 from toolops.services.cancel import operation_cancel
 from toolops.services.dispatch import operations_claim_due, operations_next_due_at
 from toolops.services.inputs import input_rounds_expire_due, operation_answer_input
@@ -129,6 +130,7 @@ class _Run:
         self.answered: set[int] = set()
         self.answer_errors: dict[int, int] = {}
         self.polls = 0
+        self.loaded: dict[uuid.UUID, Operation] = {}  # this tick's claimed rows, read at once
         self.servers: list[ToolServer] = []
         self.pool: PollPool | None = PollPool(workers=workers, fn=self.poll_one) if workers > 1 else None
         self.step_s = MIN_STEP_S if self.pool is not None else SEQUENTIAL_STEP_S
@@ -243,7 +245,8 @@ class _Run:
         if self.pool is not None:
             self.clock.work_begins()
         try:
-            operation_poll(operation_id=op_id, lease_owner="sim-dispatcher")
+            operation_poll(operation_id=op_id, lease_owner="sim-dispatcher",
+                           loaded=self.loaded.get(op_id))
         except Exception as exc:  # a crash is a finding: record it on the series, go on
             index = self.op_index.get(op_id)
             if index is not None:
@@ -256,6 +259,8 @@ class _Run:
     def dispatch(self) -> int:
         ids = sorted(operations_claim_due(owner="sim-dispatcher", server_ids=self.server_ids),
                      key=lambda i: self.op_index.get(i, -1))
+        # Read as a fleet worker reads its batch: in one statement before the polls.
+        self.loaded = operations_load_for_poll(operation_ids=ids)
         if self.pool is None or len(ids) < 2:
             for op_id in ids:
                 self.poll_one(op_id)

@@ -11,10 +11,13 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import OperationalError, connection
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from ledger.models import Operation, OperationEvent, TerminalReceipt, ToolServer
+from ledger.selectors.rows import operations_load
 from ledger.states import State
 from tests.ledger.factories import OperationFactory, ToolServerFactory
 from tests.peers.fault_transport import FaultTransport
@@ -205,3 +208,70 @@ def test_the_poll_task_takes_ids_only_and_its_rows_reach_their_receipts(server: 
     assert _wait_for(lambda: TerminalReceipt.objects.filter(operation_id__in=ids).count() == 3)
     assert set(Operation.objects.filter(id__in=ids).values_list("state", flat=True)) == {
         State.ACCEPTED}
+
+
+def _counting_row_reads(monkeypatch: pytest.MonkeyPatch) -> list[uuid.UUID]:
+    """Count the polls that read their own row (observe.operation_load), on any thread."""
+    reads: list[uuid.UUID] = []
+    real = observe.operation_load
+
+    def load(*, operation_id: uuid.UUID) -> Operation | None:
+        reads.append(operation_id)
+        return real(operation_id=operation_id)
+
+    monkeypatch.setattr(observe, "operation_load", load)
+    return reads
+
+
+def test_a_batch_reads_its_rows_in_one_statement_not_one_per_poll(
+        server: ToolServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    ops = [_submit(server, 0.2) for _ in range(4)]
+    time.sleep(0.4)
+    reads = _counting_row_reads(monkeypatch)
+    ids = _claim_now(*ops, owner="batch-h")
+    with CaptureQueriesContext(connection) as queries:
+        counts = operations_poll_batch(operation_ids=ids, lease_owner="batch-h")
+    assert counts == {"accepted": 4}
+    assert reads == []  # no poll read its row again
+    # This thread sent the batch's one read; the polls ran on the poll threads.
+    assert [q["sql"] for q in queries.captured_queries if "= ANY(" in q["sql"]] == [
+        q["sql"] for q in queries.captured_queries]
+    assert len(queries.captured_queries) == 1
+    assert TerminalReceipt.objects.filter(operation_id__in=ids).count() == 4
+
+
+def test_if_the_batch_read_fails_each_poll_reads_its_own_row(
+        server: ToolServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    ops = [_submit(server, 0.2) for _ in range(3)]
+    time.sleep(0.4)
+    reads = _counting_row_reads(monkeypatch)
+
+    def broken(**_kwargs: Any) -> dict[uuid.UUID, Operation]:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr("toolops.services.boundary.operations_load", broken)
+    ids = _claim_now(*ops, owner="batch-i")
+    assert operations_poll_batch(operation_ids=ids, lease_owner="batch-i") == {"accepted": 3}
+    assert sorted(reads) == sorted(ids)
+
+
+def test_a_row_read_with_its_batch_and_re_claimed_before_its_poll_writes_nothing(
+        server: ToolServer) -> None:
+    op = _submit(server, 0.2)
+    time.sleep(0.4)  # done on the server: a poll would accept it
+    _claim_now(op, owner="batch-old")
+    stale = operations_load(operation_ids=[op.id])[op.id]
+    # Between the batch's read and this row's poll, the lease ran out and another worker
+    # claimed the row: the read still says the lease is ours.
+    Operation.objects.filter(id=op.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    _claim_now(op, owner="batch-new")
+    events = OperationEvent.objects.filter(operation_id=op.id).count()
+    outcome = observe.operation_poll(operation_id=op.id, lease_owner="batch-old", loaded=stale)
+    assert not outcome.startswith("accepted"), outcome
+    row = Operation.objects.get(id=op.id)
+    assert row.state == State.WORKING and row.lease_owner == "batch-new"
+    assert OperationEvent.objects.filter(operation_id=op.id).count() == events
+    assert not TerminalReceipt.objects.filter(operation_id=op.id).exists()
+    # The new owner's poll, reading its own row, accepts it once.
+    assert observe.operation_poll(operation_id=op.id, lease_owner="batch-new").startswith("accepted")
+    assert TerminalReceipt.objects.filter(operation_id=op.id).count() == 1
