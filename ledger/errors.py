@@ -15,6 +15,11 @@ class OperationNotFound(LedgerError):
     pass
 
 
+class InsertConditionFailed(LedgerError):
+    """An insert made on a condition (rows it locks still as the caller read them) found the
+    condition false: nothing was written, and the caller decides again from a fresh read."""
+
+
 class AcceptanceRefused(LedgerError):
     """`operation_accept_terminal` refused: an identity field, the state or the digest did not match."""
 

@@ -72,3 +72,6 @@ def _fresh_adapters() -> Iterator[None]:
     connections = sys.modules.get("toolops.services.connections")
     if connections is not None:  # only when a test used the executor (and so Django)
         connections.adapters_close_all()
+    admission = sys.modules.get("toolops.services.admission")
+    if admission is not None:  # remembered admissions name rows of this test's database
+        admission.admissions_forget_all()

@@ -16,7 +16,7 @@ from typing import Any
 from django.db import connections, router, transaction
 from django.utils import timezone
 
-from ledger.errors import OperationNotFound
+from ledger.errors import InsertConditionFailed, OperationNotFound
 from ledger.models import Operation, OperationEvent
 from ledger.services.inserts import one_statement_pair, row_insert, row_insert_statement
 from ledger.statements import statement_spelled
@@ -201,10 +201,16 @@ def operation_record_event(
 
 def operation_insert_with_first_event(
     *, op: Operation, kind: str, data: Mapping[str, Any] | None = None,
+    only_if: tuple[str, list[Any]] | None = None,
 ) -> Operation | None:
     """INSERT a new operation row and its first event (sequence 1, into `op.state`), or neither:
     None when the row met a unique constraint (`ON CONFLICT DO NOTHING`, as
     row_insert(skip_conflict=True)).
+
+    `only_if` (PostgreSQL only): a query and its parameters, run in the same statement first (a
+    CTE, so the row locks it takes are held until the statement commits); the rows are inserted
+    only if it returns a row, and InsertConditionFailed is raised, nothing written, if it returns
+    none.
 
     On PostgreSQL one statement: the event's INSERT reads the operation's from a data-modifying
     CTE, so a skipped row writes no event. The sequence number is 1 without a read: the row is
@@ -213,6 +219,8 @@ def operation_insert_with_first_event(
     to the models' save signals) the same two writes as two statements."""
     connection = one_statement_pair(Operation, OperationEvent)
     if connection is None:
+        if only_if is not None:
+            raise ValueError("a conditional insert needs one statement (PostgreSQL)")
         inserted = row_insert(op, skip_conflict=True)
         if inserted is not None:
             event_append_locked(operation_id=op.id, kind=kind, to_state=op.state,
@@ -224,7 +232,9 @@ def operation_insert_with_first_event(
         server_state=op.server_state, execution_epoch=op.execution_epoch,
         cancel_generation=op.cancel_generation, data=dict(data or {}), created_at=timezone.now(),
     )
-    alias, op_sql, op_values, generated = row_insert_statement(op, skip_conflict=True)
+    guard_sql, guard_params = only_if if only_if is not None else (None, [])
+    alias, op_sql, op_values, generated = row_insert_statement(
+        op, skip_conflict=True, only_if=None if guard_sql is None else "EXISTS (SELECT 1 FROM g)")
     assert not generated  # the operation's key is a UUID chosen here, never the database's
     columns = [f for f in event_columns() if f.attname != "operation_id"]
     values = [value_for_db(f, getattr(event, f.attname), connection) for f in columns]
@@ -234,17 +244,28 @@ def operation_insert_with_first_event(
         qn = connection.ops.quote_name
         pk = qn(meta.pk.column)  # type: ignore[union-attr]
         event_columns = [OperationEvent._meta.get_field("operation").column, *(f.column for f in columns)]
-        return (f"WITH o AS ({op_sql} RETURNING {pk}) "
-                f"INSERT INTO {qn(OperationEvent._meta.db_table)} "
-                f"({', '.join(qn(c) for c in event_columns)}, {qn('seq')}) "
-                f"SELECT o.{pk}, {', '.join(['%s'] * len(columns))}, 1 FROM o RETURNING {qn('id')}")
+        event_insert = (f"INSERT INTO {qn(OperationEvent._meta.db_table)} "
+                        f"({', '.join(qn(c) for c in event_columns)}, {qn('seq')}) "
+                        f"SELECT o.{pk}, {', '.join(['%s'] * len(columns))}, 1 FROM o "
+                        f"RETURNING {qn('id')}")
+        if guard_sql is None:
+            return f"WITH o AS ({op_sql} RETURNING {pk}) {event_insert}"
+        # One row always: whether the condition held, and whether the rows were written.
+        return (f"WITH g AS ({guard_sql}), o AS ({op_sql} RETURNING {pk}), e AS ({event_insert}) "
+                f"SELECT EXISTS (SELECT 1 FROM g), EXISTS (SELECT 1 FROM e)")
 
-    sql = statement_spelled(site="operation_insert_with_first_event", shape=(alias, op_sql),
-                            spell=spell)
+    sql = statement_spelled(site="operation_insert_with_first_event",
+                            shape=(alias, op_sql, guard_sql), spell=spell)
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*op_values, *values])
-        if cursor.fetchone() is None:
-            return None  # the operation met a unique constraint: neither row was written
+        cursor.execute(sql, [*guard_params, *op_values, *values])
+        row = cursor.fetchone()
+    if guard_sql is not None:
+        assert row is not None
+        if not row[0]:
+            raise InsertConditionFailed("the insert's condition did not hold: nothing written")
+        row = row if row[1] else None
+    if row is None:
+        return None  # the operation met a unique constraint: neither row was written
     op._state.adding = False
     op._state.db = alias
     return op

@@ -87,11 +87,15 @@ def one_statement_pair(first: type[Model], second: type[Model]) -> BaseDatabaseW
     return connection
 
 
-def row_insert_statement(instance: Model, *, skip_conflict: bool = False
-                         ) -> tuple[str, str, list[Any], bool]:
+def row_insert_statement(instance: Model, *, skip_conflict: bool = False,
+                         only_if: str | None = None) -> tuple[str, str, list[Any], bool]:
     """The INSERT of `instance` as row_insert sends it: (alias, SQL, values, whether the key is
     generated and read back with RETURNING), with the instance's `pre_save` values (timestamps)
-    set on it. For a caller that sends it inside a larger statement (a CTE)."""
+    set on it. For a caller that sends it inside a larger statement (a CTE).
+
+    `only_if`: a SQL condition without parameters (naming a CTE of the caller's statement); the
+    row is inserted only where it holds (`INSERT ... SELECT <values> WHERE ...`: psycopg sends
+    each value typed, so the columns get what VALUES would give them)."""
     model = type(instance)
     alias = router.db_for_write(model)
     connection = connections[alias]
@@ -103,15 +107,18 @@ def row_insert_statement(instance: Model, *, skip_conflict: bool = False
 
     def spell() -> str:
         qn = connection.ops.quote_name
-        sql = (f"INSERT INTO {qn(meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) "
-               f"VALUES ({', '.join(['%s'] * len(fields))})")
+        placeholders = ", ".join(["%s"] * len(fields))
+        rows = f"VALUES ({placeholders})" if only_if is None else (
+            f"SELECT {placeholders} WHERE {only_if}")
+        sql = f"INSERT INTO {qn(meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) {rows}"
         if skip_conflict:
             sql += " ON CONFLICT DO NOTHING"
         if generated:
             sql += f" RETURNING {qn(pk.column)}"  # type: ignore[union-attr]
         return sql
 
-    # The text depends on the model, the alias and these two switches only (ledger/statements.py).
-    sql = statement_spelled(site="row_insert", shape=(model, alias, generated, skip_conflict),
-                            spell=spell)
+    # The text depends on the model, the alias, the two switches and the condition only
+    # (ledger/statements.py).
+    sql = statement_spelled(site="row_insert",
+                            shape=(model, alias, generated, skip_conflict, only_if), spell=spell)
     return alias, sql, values, generated

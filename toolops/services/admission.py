@@ -13,7 +13,9 @@ when it was read alone: a submit that read it before a disable committed still g
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connection
 
@@ -24,12 +26,25 @@ from toolops.services.rollout import rollout_config_locked, rollout_scope_row
 
 
 @dataclass(frozen=True)
+class Fingerprint:
+    """Which versions of the rows an admission was decided from (PostgreSQL's `xmin` of each: a
+    new one for every write of the row), for the insert's check that they still hold."""
+
+    server_id: int
+    server: str
+    adapter_version: str
+    adapter: str
+    rollout: str  # the rollout rows' versions, sorted and joined ("" when there are none)
+
+
+@dataclass(frozen=True)
 class Admission:
     server: ToolServer | None  # None: no server of that name
     config: RolloutConfig | None
     # None when not read here (the version has no state row yet, or not PostgreSQL): the insert
     # then reads it itself (adapter_assert_accepting), which also creates the row.
     adapter_status: str | None
+    fingerprint: Fingerprint | None = None  # PostgreSQL, with an adapter state row only
 
 
 def submit_admission_locked(*, server_name: str, tool_name: str) -> Admission:
@@ -52,14 +67,18 @@ def submit_admission_locked(*, server_name: str, tool_name: str) -> Admission:
         # Table and column names from the models, no user input. The server read is
         # server_load's own statement, its name parameter first; a server without a state row
         # or rollout rows still comes back (LEFT JOINs, NULL there).
-        return (f"SELECT s.*, a.{qn('status')}, {', '.join(f'r.{qn(f.column)}' for f in fields)} "
+        pk = qn(ToolServer._meta.pk.column)  # type: ignore[union-attr]
+        # Last, each row's version (xmin) for the fingerprint.
+        return (f"SELECT s.*, a.{qn('status')}, {', '.join(f'r.{qn(f.column)}' for f in fields)}, "
+                f"v.xmin::text, a.x, r.x "
                 f"FROM ({server_sql}) AS s "
-                f"LEFT JOIN LATERAL (SELECT {qn('status')} FROM {qn(AdapterState._meta.db_table)} "
+                f"JOIN {qn(ToolServer._meta.db_table)} AS v ON v.{pk} = s.{pk} "
+                f"LEFT JOIN LATERAL (SELECT {qn('status')}, xmin::text AS x "
+                f"FROM {qn(AdapterState._meta.db_table)} "
                 f"WHERE {qn('adapter_version')} = s.{version} FOR SHARE) AS a ON true "
-                f"LEFT JOIN LATERAL (SELECT {', '.join(qn(f.column) for f in fields)} "
+                f"LEFT JOIN LATERAL (SELECT {', '.join(qn(f.column) for f in fields)}, xmin::text AS x "
                 f"FROM {qn(RolloutConfig._meta.db_table)} "
-                f"WHERE {qn('server_id')} = s.{qn(ToolServer._meta.pk.column)} "  # type: ignore[union-attr]
-                f"AND {qn('tool_name')} IN (%s, '') "
+                f"WHERE {qn('server_id')} = s.{pk} AND {qn('tool_name')} IN (%s, '') "
                 f"ORDER BY {qn('tool_name')} FOR SHARE) AS r ON true")
 
     sql = statement_spelled(site="submit_admission", shape=alias, spell=spell)
@@ -71,7 +90,76 @@ def submit_admission_locked(*, server_name: str, tool_name: str) -> Admission:
     server = server_from_row(alias=alias, row=rows[0])
     attnames = [f.attname for f in fields]
     key = server_width + 1  # the rollout row's key: NULL when the server has none
-    configs = [RolloutConfig.from_db(alias, attnames, row[key:]) for row in rows if row[key] is not None]
+    end = key + len(fields)
+    configs = [RolloutConfig.from_db(alias, attnames, row[key:end])
+               for row in rows if row[key] is not None]
     status = rows[0][server_width]
+    server_version, adapter_version = rows[0][end], rows[0][end + 1]
+    fingerprint = None if adapter_version is None else Fingerprint(
+        server_id=server.pk, server=str(server_version), adapter_version=server.adapter_version,
+        adapter=str(adapter_version),
+        rollout=",".join(sorted(str(row[end + 2]) for row in rows if row[key] is not None)))
     return Admission(server=server, config=rollout_scope_row(configs, tool_name),
-                     adapter_status=None if status is None else str(status))
+                     adapter_status=None if status is None else str(status),
+                     fingerprint=fingerprint)
+
+
+def admission_guard(*, fingerprint: Fingerprint, tool_name: str) -> tuple[str, list[Any]]:
+    """The condition a submit's insert is made on when it was decided from a remembered
+    admission: a query returning a row only while the server's row, the adapter's state row and
+    the tool's rollout rows are the versions the admission read. It takes the same SHARE locks
+    as the admission read, held by the insert's statement until it commits, so a drain, a
+    disable or a rollback is ordered against the insert exactly as against the locked read."""
+    qn = connection.ops.quote_name
+
+    def spell() -> str:
+        pk = qn(ToolServer._meta.pk.column)  # type: ignore[union-attr]
+        # Table and column names from the models; no user input in the text.
+        return (f"SELECT 1 FROM {qn(ToolServer._meta.db_table)} AS s "
+                f"WHERE s.{pk} = %s AND s.xmin::text = %s "
+                f"AND (SELECT a.xmin::text FROM {qn(AdapterState._meta.db_table)} AS a "
+                f"WHERE a.{qn('adapter_version')} = %s FOR SHARE) IS NOT DISTINCT FROM %s "
+                f"AND (SELECT coalesce(string_agg(q.x, ',' ORDER BY q.x), '') FROM "
+                f"(SELECT r.xmin::text AS x FROM {qn(RolloutConfig._meta.db_table)} AS r "
+                f"WHERE r.{qn('server_id')} = %s AND r.{qn('tool_name')} IN (%s, '') "
+                f"FOR SHARE) AS q) = %s")
+
+    sql = statement_spelled(site="submit_admission_guard", shape=connection.alias, spell=spell)
+    return sql, [fingerprint.server_id, fingerprint.server, fingerprint.adapter_version,
+                 fingerprint.adapter, fingerprint.server_id, tool_name, fingerprint.rollout]
+
+
+# Admissions remembered per process, by (database alias, server name, tool name): a hint only.
+# A submit decided from one inserts on admission_guard's condition, so a remembered admission
+# that no longer holds costs a refused insert and a fresh read, never a wrong decision.
+_remembered: dict[tuple[str, str, str], Admission] = {}
+_remembered_lock = threading.Lock()
+# Bounded: a process submitting to very many server and tool pairs starts afresh when full.
+REMEMBERED_ADMISSIONS_MAX = 1024
+
+
+def admission_remembered(*, server_name: str, tool_name: str) -> Admission | None:
+    with _remembered_lock:
+        return _remembered.get((connection.alias, server_name, tool_name))
+
+
+def admission_remember(*, server_name: str, tool_name: str, admission: Admission) -> None:
+    """Keep an admission that let a submit in (read under its locks), for the next submits."""
+    if admission.fingerprint is None or admission.server is None:
+        return
+    with _remembered_lock:
+        if len(_remembered) >= REMEMBERED_ADMISSIONS_MAX:
+            _remembered.clear()
+        _remembered[(connection.alias, server_name, tool_name)] = admission
+
+
+def admission_forget(*, server_name: str, tool_name: str) -> None:
+    with _remembered_lock:
+        _remembered.pop((connection.alias, server_name, tool_name), None)
+
+
+def admissions_forget_all() -> None:
+    """Forget every remembered admission (a test's database is flushed; a process that wants
+    its next submits to read afresh)."""
+    with _remembered_lock:
+        _remembered.clear()

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from adapters import (
@@ -30,7 +30,7 @@ from adapters import (
 )
 from adapters.base import FetchedResult, RemoteTask, SubmitOutcome, TaskAdapter
 from ledger.digests import request_digest
-from ledger.errors import IllegalTransition
+from ledger.errors import IllegalTransition, InsertConditionFailed
 from ledger.models import Operation, ToolServer
 from ledger.selectors.rows import operation_submission_key_taken
 from ledger.services.events import operation_insert_with_first_event
@@ -39,7 +39,14 @@ from ledger.services.transitions import operation_transition
 from ledger.states import State, TerminalStatus
 from toolops.errors import LedgerUnavailable, ServerNotFound, SubmissionKeyTaken, SubmitRefused
 from toolops.services.adapters_admin import adapter_assert_accepting, adapter_status_check
-from toolops.services.admission import submit_admission_locked
+from toolops.services.admission import (
+    Admission,
+    admission_forget,
+    admission_guard,
+    admission_remember,
+    admission_remembered,
+    submit_admission_locked,
+)
 from toolops.services.connections import RateLimited, server_call
 from toolops.services.executors import TASKS, operation_refuse_stale
 from toolops.services.inputs import operation_open_round_on_create
@@ -49,6 +56,7 @@ from toolops.services.permissions import SYSTEM, Action, Actor, permission_requi
 from toolops.services.remote_ids import submit_reply_record
 from toolops.services.results import operation_complete_sync, operation_settle_terminal
 from toolops.services.rollout import (
+    Route,
     rollout_assert_path_open_locked,
     rollout_config_for,
     rollout_route,
@@ -79,7 +87,8 @@ def _choose_mode(*, server: ToolServer, tool_name: str) -> tuple[str, dict[str, 
     )
 
 
-def _insert_attempt(*, created: Mapping[str, Any], **fields: Any) -> Operation:
+def _insert_attempt(*, created: Mapping[str, Any], only_if: tuple[str, list[Any]] | None = None,
+                    **fields: Any) -> Operation:
     """One live attempt per call node (constraint op_one_live_attempt_per_node):
     a new attempt is possible only once every earlier one is NOT_FOUND_SAFE. The row and its
     `created` event (`created`: its data) are one statement on PostgreSQL.
@@ -89,7 +98,8 @@ def _insert_attempt(*, created: Mapping[str, Any], **fields: Any) -> Operation:
     a skipped insert asks which unique constraint it met, the submission key (a replay, or a
     concurrent submit with the same key that committed first: SubmissionKeyTaken) or the call
     node's live attempt (SubmitRefused). Without a savepoint: nothing failed."""
-    op = operation_insert_with_first_event(op=Operation(**fields), kind="created", data=created)
+    op = operation_insert_with_first_event(op=Operation(**fields), kind="created", data=created,
+                                           only_if=only_if)
     if op is not None:
         return op
     if operation_submission_key_taken(submission_key=fields["submission_key"]):
@@ -105,13 +115,14 @@ def _create_row(
     arguments: dict[str, Any], ttl_ms: int | None, mode: str, lease_owner: str,
     tenant: str, submission_key: str | None, submission_digest: str,
     path: str, shadow_of: Operation | None = None, path_locked: bool = False,
-    adapter_status: str | None = None,
+    adapter_status: str | None = None, only_if: tuple[str, list[Any]] | None = None,
 ) -> Operation:
     """Insert the row in SUBMITTING, in the caller's transaction (the first of submit's two).
 
     `path_locked`: the caller chose `path` from rollout rows it read under their lock in this
     transaction (submit_admission_locked), so no re-check is needed; `adapter_status`, the
-    adapter's status it read there under its lock (None: read it here)."""
+    adapter's status it read there under its lock (None: read it here); `only_if`, the condition
+    the insert is made on when those were read earlier (admission_guard)."""
     now = timezone.now()
     descriptor_version = tool["descriptor_digest"]
     lease = timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS))
@@ -123,6 +134,7 @@ def _create_row(
         tenant=tenant, submission_key=submission_key or secrets.token_hex(16),
         submission_digest=submission_digest, descriptor_version=descriptor_version,
         path=path, shadow_of=shadow_of, path_locked=path_locked, adapter_status=adapter_status,
+        only_if=only_if,
     )
 
 
@@ -131,6 +143,7 @@ def _insert_row(
     arguments: dict[str, Any], ttl_ms: int | None, mode: str, lease_owner: str, tenant: str,
     submission_key: str, submission_digest: str, descriptor_version: str,
     path: str, shadow_of: Operation | None, path_locked: bool, adapter_status: str | None,
+    only_if: tuple[str, list[Any]] | None = None,
 ) -> Operation:
     # Draining/disabled adapters take no new rows; the lock orders this against a
     # concurrent disable (toolops/services/adapters_admin.py).
@@ -142,6 +155,7 @@ def _insert_row(
         # A rollback that committed after the path was chosen wins (toolops/services/rollout.py).
         rollout_assert_path_open_locked(server=server, tool_name=tool_name, path=path)
     return _insert_attempt(
+        only_if=only_if,
         created={"submission_key": submission_key, "mode": mode, "path": path,
                  **({"shadow_of": str(shadow_of.id)} if shadow_of is not None else {})},
         executor_path=path,
@@ -236,43 +250,95 @@ def operation_submit(
     json_input_check({"server": server_name, "tool": tool_name, "call_node_id": call_node_id,
                       "arguments": arguments}, field="submission")
     owner = f"submit-{uuid.uuid4().hex[:12]}"
-    # The first commit: everything the row is decided from is read inside it, and the key check
-    # (a replay under an idempotency key) is the insert's own: a key already taken skips the
-    # insert (SubmissionKeyTaken), with no read of its own ahead of it.
-    with _ledger_write("recording the submission"), transaction.atomic(durable=True):
-        # Read under the lock the insert needs: the path is chosen from rows no rollback can
-        # change before this transaction commits.
-        admission = submit_admission_locked(server_name=server_name, tool_name=tool_name)
-        server = _server_checked(server=admission.server, server_name=server_name, tenant=tenant)
-        try:
-            if not call_node_id:
-                raise SubmitRefused("a call node id is required")
-            args = dict(arguments or {})
-            mode, tool = _choose_mode(server=server, tool_name=tool_name)
-            # The canary and the rollback switch pick the executor path.
-            route = rollout_route(server=server, tool_name=tool_name, tool=tool,
-                                  call_node_id=call_node_id, mode=mode,
-                                  offers_tasks=server_offers_tasks(server=server),
-                                  config=admission.config)
-            op = _create_row(
-                server=server, tool_name=tool_name, tool=tool, call_node_id=call_node_id,
-                arguments=args, ttl_ms=_ttl_for(ttl_ms=ttl_ms, mode=route.mode), mode=route.mode,
-                lease_owner=owner, path=route.path, tenant=tenant, submission_key=submission_key,
-                submission_digest=submission_digest, path_locked=True,
-                adapter_status=admission.adapter_status,
-            )
-        except SubmitRefused as exc:
-            # A replay is answered with what its first submit recorded, whatever a new one would
-            # meet now (a tool gone, a draining adapter, a rolled-back path): the key decides.
-            if submission_key is not None and operation_submission_key_taken(
-                    submission_key=submission_key):
-                raise SubmissionKeyTaken(submission_key) from exc
-            raise
+    with _ledger_write("recording the submission"):
+        admitted = _admit_remembered(
+            server_name=server_name, tool_name=tool_name, call_node_id=call_node_id,
+            arguments=arguments, ttl_ms=ttl_ms, tenant=tenant, submission_key=submission_key,
+            submission_digest=submission_digest, owner=owner)
+        if admitted is None:
+            # The first commit: everything the row is decided from is read inside it, and the
+            # key check (a replay under an idempotency key) is the insert's own: a key already
+            # taken skips the insert (SubmissionKeyTaken), with no read of its own ahead of it.
+            with transaction.atomic(durable=True):
+                # Read under the lock the insert needs: the path is chosen from rows no
+                # rollback can change before this transaction commits.
+                admission = submit_admission_locked(server_name=server_name, tool_name=tool_name)
+                admitted = _admit_and_insert(
+                    admission=admission, server_name=server_name, tool_name=tool_name,
+                    call_node_id=call_node_id, arguments=arguments, ttl_ms=ttl_ms, tenant=tenant,
+                    submission_key=submission_key, submission_digest=submission_digest,
+                    owner=owner, only_if=None)
+            admission_remember(server_name=server_name, tool_name=tool_name, admission=admission)
+    op, server, tool, route = admitted
     # The send, then the second commit: the reply.
     op = _send_and_record(op=op, server=server, owner=owner)
     if route.shadow:
         shadow_submit(legacy=op, server=server, tool=tool, ttl_ms=ttl_ms)
     return op
+
+
+_Admitted = tuple[Operation, ToolServer, dict[str, Any], Route]
+
+
+def _admit_and_insert(
+    *, admission: Admission, server_name: str, tool_name: str, call_node_id: str,
+    arguments: dict[str, Any] | None, ttl_ms: int | None, tenant: str,
+    submission_key: str | None, submission_digest: str, owner: str,
+    only_if: tuple[str, list[Any]] | None,
+) -> _Admitted:
+    """Decide the row from `admission` and insert it (with `only_if`, on that condition)."""
+    server = _server_checked(server=admission.server, server_name=server_name, tenant=tenant)
+    try:
+        if not call_node_id:
+            raise SubmitRefused("a call node id is required")
+        args = dict(arguments or {})
+        mode, tool = _choose_mode(server=server, tool_name=tool_name)
+        # The canary and the rollback switch pick the executor path.
+        route = rollout_route(server=server, tool_name=tool_name, tool=tool,
+                              call_node_id=call_node_id, mode=mode,
+                              offers_tasks=server_offers_tasks(server=server),
+                              config=admission.config)
+        op = _create_row(
+            server=server, tool_name=tool_name, tool=tool, call_node_id=call_node_id,
+            arguments=args, ttl_ms=_ttl_for(ttl_ms=ttl_ms, mode=route.mode), mode=route.mode,
+            lease_owner=owner, path=route.path, tenant=tenant, submission_key=submission_key,
+            submission_digest=submission_digest, path_locked=True,
+            adapter_status=admission.adapter_status, only_if=only_if,
+        )
+    except SubmitRefused as exc:
+        # A replay is answered with what its first submit recorded, whatever a new one would
+        # meet now (a tool gone, a draining adapter, a rolled-back path): the key decides.
+        if submission_key is not None and operation_submission_key_taken(
+                submission_key=submission_key):
+            raise SubmissionKeyTaken(submission_key) from exc
+        raise
+    return op, server, tool, route
+
+
+def _admit_remembered(
+    *, server_name: str, tool_name: str, call_node_id: str, arguments: dict[str, Any] | None,
+    ttl_ms: int | None, tenant: str, submission_key: str | None, submission_digest: str,
+    owner: str,
+) -> _Admitted | None:
+    """The submit's first commit as one statement, when this process remembers an admission
+    for the server and tool: the row is decided from it and inserted only if the rows it was
+    read from are still those versions (admission_guard, which takes the admission read's SHARE
+    locks inside the insert's own statement). None when there is nothing remembered, or when it
+    no longer holds or refuses the call: the caller then reads afresh under lock, so a refusal
+    is only ever made from a fresh read."""
+    admission = admission_remembered(server_name=server_name, tool_name=tool_name)
+    if admission is None or admission.fingerprint is None or connection.in_atomic_block:
+        return None
+    guard = admission_guard(fingerprint=admission.fingerprint, tool_name=tool_name)
+    try:
+        return _admit_and_insert(
+            admission=admission, server_name=server_name, tool_name=tool_name,
+            call_node_id=call_node_id, arguments=arguments, ttl_ms=ttl_ms, tenant=tenant,
+            submission_key=submission_key, submission_digest=submission_digest, owner=owner,
+            only_if=guard)
+    except (InsertConditionFailed, SubmitRefused, ServerNotFound):
+        admission_forget(server_name=server_name, tool_name=tool_name)
+        return None
 
 
 @contextlib.contextmanager
