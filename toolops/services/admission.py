@@ -9,6 +9,12 @@ exclusively while it waits for the other (a rollback locks rollout rows and oper
 disable the adapter's row and then counts operations), so the order in which this statement
 takes its two SHARE locks cannot close a cycle. The server's row is not locked, as it was not
 when it was read alone: a submit that read it before a disable committed still goes through.
+
+An admission that let a submit in is remembered by the process, with the version (`xmin`) of
+each row it was read from. The next submit to the same server and tool decides from it and
+inserts on admission_guard's condition, in one statement that takes the same two SHARE locks:
+the rows must still be those versions, or nothing is written and the submit reads afresh under
+lock (docs/architecture.md, "How the hot statements are spelled").
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from tests.peers.launch import peer_stats
 from tests.toolops.api_fixtures import principal
 from toolops.errors import LedgerUnavailable, SubmitRefused
 from toolops.services import submit as submit_service
+from toolops.services import submit_row as submit_row_service
 from toolops.services.submit import operation_submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,7 +27,7 @@ def _ledger_away(**_kwargs: Any) -> Operation:
 def test_a_lost_ledger_before_the_send_is_a_typed_refusal_and_nothing_is_sent(
         server: ToolServer, mcp_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     calls_before = sum(peer_stats(mcp_url)["tool_calls"].values())
-    monkeypatch.setattr(submit_service, "_create_row", _ledger_away)
+    monkeypatch.setattr(submit_row_service, "submit_row_create", _ledger_away)
     with pytest.raises(LedgerUnavailable) as refused:
         operation_submit(server_name=server.name, tool_name="sleep_then_complete",
                          call_node_id=f"away-{uuid.uuid4().hex[:6]}",
@@ -41,7 +42,7 @@ def test_a_lost_ledger_before_the_send_is_a_typed_refusal_and_nothing_is_sent(
 def test_the_rest_submit_answers_503_with_the_reason(
         server: ToolServer, monkeypatch: pytest.MonkeyPatch) -> None:
     client = principal(username="away", org="acme")
-    monkeypatch.setattr(submit_service, "_create_row", _ledger_away)
+    monkeypatch.setattr(submit_row_service, "submit_row_create", _ledger_away)
     response = client.post("/api/operations/", {"server": server.name, "tool": "sleep_then_complete",
                                                 "call_node_id": "away-rest",
                                                 "arguments": {"seconds": 0.2, "value": "x"}}, format="json")
