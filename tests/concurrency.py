@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from django.db import connection
 
@@ -51,3 +52,47 @@ def release_once_a_lock_is_awaited(release: threading.Event) -> None:
     finally:
         release.set()
         connection.close()
+
+
+def submit_racing_a_rollback(submit: Callable[[], object]) -> list[object]:
+    """Run `submit` in a thread of its own while another holds the server-wide rollout row's
+    lock, as a rollback does, and once the submit waits on it writes what `rollout_move` writes
+    first (the tasks path off) and commits. Returns what the submit returned or raised
+    (SubmitRefused only; anything else fails the thread)."""
+    from django.db import transaction
+
+    from ledger.models import RolloutConfig
+    from toolops.errors import SubmitRefused
+
+    locked, release = threading.Event(), threading.Event()
+    result: list[object] = []
+
+    def rollback_holding_the_lock() -> None:
+        try:
+            with transaction.atomic():
+                config = RolloutConfig.objects.select_for_update().get(tool_name="")
+                locked.set()
+                release.wait(10)
+                config.tasks_enabled = False
+                config.save()
+        finally:
+            connection.close()
+
+    def run() -> None:
+        try:
+            result.append(submit())
+        except SubmitRefused as exc:
+            result.append(exc)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=rollback_holding_the_lock)
+    holder.start()
+    assert locked.wait(10)
+    submitter = threading.Thread(target=run)
+    submitter.start()
+    wait_for_lock_waiter()  # until the submit waits on the rollout row's lock
+    release.set()
+    holder.join(15)
+    submitter.join(15)
+    return result

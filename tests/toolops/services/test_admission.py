@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from ledger.models import AdapterState, Operation, OperationEvent, RolloutConfig, ToolServer
 from ledger.selectors.rows import server_load
 from ledger.states import State
-from tests.concurrency import release_once_a_lock_is_awaited, wait_for_lock_waiter
+from tests.concurrency import release_once_a_lock_is_awaited, submit_racing_a_rollback
 from tests.ledger.factories import ToolServerFactory
 from tests.peers.launch import peer_stats
 from tests.toolops.helpers import submit_sleep, submit_tool_call
@@ -177,37 +177,7 @@ def test_a_rollback_holding_the_lock_is_waited_for_by_a_remembered_admission(
     rollout_configure(server_name=server.name, canary_percent=100.0, actor="t", reason="all")
     submit_sleep(server, node="adm-race-warm")
     before = peer_stats(mcp_url)["tasks_created"]
-    locked, release = threading.Event(), threading.Event()
-    result: list[object] = []
-
-    def rollback_holding_the_lock() -> None:
-        try:
-            with transaction.atomic():
-                config = RolloutConfig.objects.select_for_update().get(tool_name="")
-                locked.set()
-                release.wait(10)
-                config.tasks_enabled = False  # what rollout_move writes first, under this lock
-                config.save()
-        finally:
-            connection.close()
-
-    def submit() -> None:
-        try:
-            result.append(submit_sleep(server.name, node="adm-race-1"))
-        except SubmitRefused as exc:
-            result.append(exc)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=rollback_holding_the_lock)
-    holder.start()
-    assert locked.wait(10)
-    submitter = threading.Thread(target=submit)
-    submitter.start()
-    wait_for_lock_waiter()  # until the submit's statement waits on the rollout row's lock
-    release.set()
-    holder.join(15)
-    submitter.join(15)
+    result = submit_racing_a_rollback(lambda: submit_sleep(server.name, node="adm-race-1"))
     assert len(result) == 1 and isinstance(result[0], SubmitRefused), result
     assert not Operation.objects.filter(call_node_id="adm-race-1").exists()
     assert peer_stats(mcp_url)["tasks_created"] == before

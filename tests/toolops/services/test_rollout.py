@@ -128,47 +128,12 @@ def test_submit_that_chose_tasks_before_a_rollback_commits_is_refused_after(
 ) -> None:
     """The path is chosen from an unlocked read; the insert re-checks it under the config lock.
     A rollback holding that lock when the submit arrives wins, and nothing reaches the server."""
-    import threading
-
-    from django.db import connection, transaction
-
-    from ledger.models import RolloutConfig
-    from tests.concurrency import wait_for_lock_waiter
+    from tests.concurrency import submit_racing_a_rollback
     from toolops.errors import SubmitRefused
 
     rollout_configure(server_name="ref", canary_percent=100.0, actor="t", reason="all tasks")
     before = peer_stats(mcp_url)["tasks_created"]
-    locked, release = threading.Event(), threading.Event()
-    result: list[object] = []
-
-    def rollback_holding_the_lock() -> None:
-        try:
-            with transaction.atomic():
-                config = RolloutConfig.objects.select_for_update().get(tool_name="")
-                locked.set()
-                release.wait(10)
-                config.tasks_enabled = False  # what rollout_move writes first, under this lock
-                config.save()
-        finally:
-            connection.close()
-
-    def submit() -> None:
-        try:
-            result.append(submit_sleep("ref", node="race-1", value="v"))
-        except SubmitRefused as exc:
-            result.append(exc)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=rollback_holding_the_lock)
-    holder.start()
-    assert locked.wait(10)
-    submitter = threading.Thread(target=submit)
-    submitter.start()
-    wait_for_lock_waiter()  # until the submit's insert waits on the config lock
-    release.set()
-    holder.join(15)
-    submitter.join(15)
+    result = submit_racing_a_rollback(lambda: submit_sleep("ref", node="race-1", value="v"))
     assert len(result) == 1 and isinstance(result[0], SubmitRefused), result
     assert not Operation.objects.filter(call_node_id="race-1").exists()
     assert peer_stats(mcp_url)["tasks_created"] == before
