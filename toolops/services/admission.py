@@ -36,9 +36,7 @@ class Fingerprint:
     """Which versions of the rows an admission was decided from (PostgreSQL's `xmin` of each: a
     new one for every write of the row), for the insert's check that they still hold."""
 
-    server_id: int
     server: str
-    adapter_version: str
     adapter: str
     rollout: str  # the rollout rows' versions, sorted and joined ("" when there are none)
 
@@ -74,18 +72,17 @@ def submit_admission_locked(*, server_name: str, tool_name: str) -> Admission:
         # server_load's own statement, its name parameter first; a server without a state row
         # or rollout rows still comes back (LEFT JOINs, NULL there).
         pk = qn(ToolServer._meta.pk.column)  # type: ignore[union-attr]
+        status = qn("status")
+        columns = ", ".join(qn(f.column) for f in fields)
+        adapter = _adapter_state_locked(f"{status}, xmin::text AS x", f"s.{version}")
+        rollout = _rollout_rows_locked(f"{columns}, xmin::text AS x", f"s.{pk}")
         # Last, each row's version (xmin) for the fingerprint.
-        return (f"SELECT s.*, a.{qn('status')}, {', '.join(f'r.{qn(f.column)}' for f in fields)}, "
+        return (f"SELECT s.*, a.{status}, {', '.join(f'r.{qn(f.column)}' for f in fields)}, "
                 f"v.xmin::text, a.x, r.x "
                 f"FROM ({server_sql}) AS s "
                 f"JOIN {qn(ToolServer._meta.db_table)} AS v ON v.{pk} = s.{pk} "
-                f"LEFT JOIN LATERAL (SELECT {qn('status')}, xmin::text AS x "
-                f"FROM {qn(AdapterState._meta.db_table)} "
-                f"WHERE {qn('adapter_version')} = s.{version} FOR SHARE) AS a ON true "
-                f"LEFT JOIN LATERAL (SELECT {', '.join(qn(f.column) for f in fields)}, xmin::text AS x "
-                f"FROM {qn(RolloutConfig._meta.db_table)} "
-                f"WHERE {qn('server_id')} = s.{pk} AND {qn('tool_name')} IN (%s, '') "
-                f"ORDER BY {qn('tool_name')} FOR SHARE) AS r ON true")
+                f"LEFT JOIN LATERAL ({adapter}) AS a ON true "
+                f"LEFT JOIN LATERAL ({rollout}) AS r ON true")
 
     sql = statement_spelled(site="submit_admission", shape=alias, spell=spell)
     with connection.cursor() as cursor:
@@ -102,20 +99,40 @@ def submit_admission_locked(*, server_name: str, tool_name: str) -> Admission:
     status = rows[0][server_width]
     server_version, adapter_version = rows[0][end], rows[0][end + 1]
     fingerprint = None if adapter_version is None else Fingerprint(
-        server_id=server.pk, server=str(server_version), adapter_version=server.adapter_version,
-        adapter=str(adapter_version),
+        server=str(server_version), adapter=str(adapter_version),
         rollout=",".join(sorted(str(row[end + 2]) for row in rows if row[key] is not None)))
     return Admission(server=server, config=rollout_scope_row(configs, tool_name),
                      adapter_status=None if status is None else str(status),
                      fingerprint=fingerprint)
 
 
-def admission_guard(*, fingerprint: Fingerprint, tool_name: str) -> tuple[str, list[Any]]:
+def _adapter_state_locked(columns: str, version: str) -> str:
+    """The adapter version's state row under a SHARE lock (`version`: an SQL expression)."""
+    qn = connection.ops.quote_name
+    return (f"SELECT {columns} FROM {qn(AdapterState._meta.db_table)} "
+            f"WHERE {qn('adapter_version')} = {version} FOR SHARE")
+
+
+def _rollout_rows_locked(columns: str, server: str) -> str:
+    """The tool's and the server-wide rollout rows under SHARE locks (`server`: an SQL
+    expression; the tool's name is the statement's next parameter). The admission read and the
+    guard both lock through here, so they lock the same rows."""
+    qn = connection.ops.quote_name
+    return (f"SELECT {columns} FROM {qn(RolloutConfig._meta.db_table)} "
+            f"WHERE {qn('server_id')} = {server} AND {qn('tool_name')} IN (%s, '') "
+            f"ORDER BY {qn('tool_name')} FOR SHARE")
+
+
+def admission_guard(*, admission: Admission, tool_name: str) -> tuple[str, list[Any]] | None:
     """The condition a submit's insert is made on when it was decided from a remembered
     admission: a query returning a row only while the server's row, the adapter's state row and
     the tool's rollout rows are the versions the admission read. It takes the same SHARE locks
     as the admission read, held by the insert's statement until it commits, so a drain, a
-    disable or a rollback is ordered against the insert exactly as against the locked read."""
+    disable or a rollback is ordered against the insert exactly as against the locked read.
+    None for an admission without versions (not read on PostgreSQL, or no state row yet)."""
+    fingerprint, server = admission.fingerprint, admission.server
+    if fingerprint is None or server is None:
+        return None
     qn = connection.ops.quote_name
 
     def spell() -> str:
@@ -123,16 +140,13 @@ def admission_guard(*, fingerprint: Fingerprint, tool_name: str) -> tuple[str, l
         # Table and column names from the models; no user input in the text.
         return (f"SELECT 1 FROM {qn(ToolServer._meta.db_table)} AS s "
                 f"WHERE s.{pk} = %s AND s.xmin::text = %s "
-                f"AND (SELECT a.xmin::text FROM {qn(AdapterState._meta.db_table)} AS a "
-                f"WHERE a.{qn('adapter_version')} = %s FOR SHARE) IS NOT DISTINCT FROM %s "
-                f"AND (SELECT coalesce(string_agg(q.x, ',' ORDER BY q.x), '') FROM "
-                f"(SELECT r.xmin::text AS x FROM {qn(RolloutConfig._meta.db_table)} AS r "
-                f"WHERE r.{qn('server_id')} = %s AND r.{qn('tool_name')} IN (%s, '') "
-                f"FOR SHARE) AS q) = %s")
+                f"AND ({_adapter_state_locked('xmin::text', '%s')}) IS NOT DISTINCT FROM %s "
+                f"AND (SELECT coalesce(string_agg(q.x, ',' ORDER BY q.x), '') "
+                f"FROM ({_rollout_rows_locked('xmin::text AS x', '%s')}) AS q) = %s")
 
     sql = statement_spelled(site="submit_admission_guard", shape=connection.alias, spell=spell)
-    return sql, [fingerprint.server_id, fingerprint.server, fingerprint.adapter_version,
-                 fingerprint.adapter, fingerprint.server_id, tool_name, fingerprint.rollout]
+    return sql, [server.pk, fingerprint.server, server.adapter_version, fingerprint.adapter,
+                 server.pk, tool_name, fingerprint.rollout]
 
 
 # Admissions remembered per process, by (database alias, server name, tool name): a hint only.

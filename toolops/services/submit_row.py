@@ -204,9 +204,11 @@ def submit_row_admit_remembered(
     no longer holds or refuses the call: the caller then reads afresh under lock, so a refusal
     is only ever made from a fresh read."""
     admission = admission_remembered(server_name=server_name, tool_name=tool_name)
-    if admission is None or admission.fingerprint is None or connection.in_atomic_block:
+    if admission is None or connection.in_atomic_block:
         return None
-    guard = admission_guard(fingerprint=admission.fingerprint, tool_name=tool_name)
+    guard = admission_guard(admission=admission, tool_name=tool_name)
+    if guard is None:
+        return None
     try:
         return submit_row_admit(
             admission=admission, server_name=server_name, tool_name=tool_name,
