@@ -199,6 +199,13 @@ def operation_record_event(
         )
 
 
+# The first event's columns that copy the new row's (event field -> operation field): the event
+# records the row as created, in the state it was created in, at the time it was created.
+_FIRST_EVENT_FROM_ROW = {"to_state": "state", "server_state": "server_state",
+                         "execution_epoch": "execution_epoch",
+                         "cancel_generation": "cancel_generation", "created_at": "created_at"}
+
+
 def operation_insert_with_first_event(
     *, op: Operation, kind: str, data: Mapping[str, Any] | None = None,
     only_if: tuple[str, list[Any]] | None = None,
@@ -237,21 +244,31 @@ def operation_insert_with_first_event(
         op, skip_conflict=True, only_if=None if guard_sql is None else "EXISTS (SELECT 1 FROM g)")
     assert not generated  # the operation's key is a UUID chosen here, never the database's
     columns = [f for f in event_columns() if f.attname != "operation_id"]
-    values = [value_for_db(f, getattr(event, f.attname), connection) for f in columns]
+    # The event's copies of the row's own values are read from the row as inserted, not sent
+    # again: the statement stays within psycopg's 50 parameters, above which it is parsed anew
+    # on every execution instead of kept (MAX_CACHED_STATEMENT_PARAMS).
+    sent = [f for f in columns if f.attname not in _FIRST_EVENT_FROM_ROW]
+    values = [value_for_db(f, getattr(event, f.attname), connection) for f in sent]
     meta = Operation._meta
 
     def spell() -> str:
         qn = connection.ops.quote_name
         pk = qn(meta.pk.column)  # type: ignore[union-attr]
+        copied = {attname: qn(meta.get_field(name).column)
+                  for attname, name in _FIRST_EVENT_FROM_ROW.items()}
         event_columns = [OperationEvent._meta.get_field("operation").column, *(f.column for f in columns)]
+        selected = ", ".join(f"o.{copied[f.attname]}" if f.attname in copied else "%s"
+                             for f in columns)
         event_insert = (f"INSERT INTO {qn(OperationEvent._meta.db_table)} "
                         f"({', '.join(qn(c) for c in event_columns)}, {qn('seq')}) "
-                        f"SELECT o.{pk}, {', '.join(['%s'] * len(columns))}, 1 FROM o "
+                        f"SELECT o.{pk}, {selected}, 1 FROM o "
                         f"RETURNING {qn('id')}")
+        returning = ", ".join([pk, *sorted(set(copied.values()))])
         if guard_sql is None:
-            return f"WITH o AS ({op_sql} RETURNING {pk}) {event_insert}"
+            return f"WITH o AS ({op_sql} RETURNING {returning}) {event_insert}"
         # One row always: whether the condition held, and whether the rows were written.
-        return (f"WITH g AS ({guard_sql}), o AS ({op_sql} RETURNING {pk}), e AS ({event_insert}) "
+        return (f"WITH g AS ({guard_sql}), o AS ({op_sql} RETURNING {returning}), "
+                f"e AS ({event_insert}) "
                 f"SELECT EXISTS (SELECT 1 FROM g), EXISTS (SELECT 1 FROM e)")
 
     sql = statement_spelled(site="operation_insert_with_first_event",

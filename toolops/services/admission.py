@@ -113,13 +113,13 @@ def _adapter_state_locked(columns: str, version: str) -> str:
             f"WHERE {qn('adapter_version')} = {version} FOR SHARE")
 
 
-def _rollout_rows_locked(columns: str, server: str) -> str:
-    """The tool's and the server-wide rollout rows under SHARE locks (`server`: an SQL
-    expression; the tool's name is the statement's next parameter). The admission read and the
-    guard both lock through here, so they lock the same rows."""
+def _rollout_rows_locked(columns: str, server: str, tool: str = "%s") -> str:
+    """The tool's and the server-wide rollout rows under SHARE locks (`server` and `tool`: SQL
+    expressions; by default the tool's name is the statement's next parameter). The admission
+    read and the guard both lock through here, so they lock the same rows."""
     qn = connection.ops.quote_name
     return (f"SELECT {columns} FROM {qn(RolloutConfig._meta.db_table)} "
-            f"WHERE {qn('server_id')} = {server} AND {qn('tool_name')} IN (%s, '') "
+            f"WHERE {qn('server_id')} = {server} AND {qn('tool_name')} IN ({tool}, '') "
             f"ORDER BY {qn('tool_name')} FOR SHARE")
 
 
@@ -137,16 +137,22 @@ def admission_guard(*, admission: Admission, tool_name: str) -> tuple[str, list[
 
     def spell() -> str:
         pk = qn(ToolServer._meta.pk.column)  # type: ignore[union-attr]
-        # Table and column names from the models; no user input in the text.
-        return (f"SELECT 1 FROM {qn(ToolServer._meta.db_table)} AS s "
-                f"WHERE s.{pk} = %s AND s.xmin::text = %s "
-                f"AND ({_adapter_state_locked('xmin::text', '%s')}) IS NOT DISTINCT FROM %s "
+        # Table and column names from the models; no user input in the text. The values come as
+        # one text array (`p.a`): the insert this guards carries some forty values of its own,
+        # and psycopg parses a statement of more than 50 parameters again on every execution
+        # instead of keeping its parsed form (MAX_CACHED_STATEMENT_PARAMS).
+        server = "(p.a[1])::bigint"
+        return (f"SELECT 1 FROM (SELECT %s::text[] AS a) AS p "
+                f"JOIN {qn(ToolServer._meta.db_table)} AS s ON s.{pk} = {server} "
+                f"WHERE s.xmin::text = p.a[2] "
+                f"AND ({_adapter_state_locked('xmin::text', 'p.a[3]')}) IS NOT DISTINCT FROM p.a[4] "
                 f"AND (SELECT coalesce(string_agg(q.x, ',' ORDER BY q.x), '') "
-                f"FROM ({_rollout_rows_locked('xmin::text AS x', '%s')}) AS q) = %s")
+                f"FROM ({_rollout_rows_locked('xmin::text AS x', server, 'p.a[5]')}) AS q) "
+                f"= p.a[6]")
 
     sql = statement_spelled(site="submit_admission_guard", shape=connection.alias, spell=spell)
-    return sql, [server.pk, fingerprint.server, server.adapter_version, fingerprint.adapter,
-                 server.pk, tool_name, fingerprint.rollout]
+    return sql, [[str(server.pk), fingerprint.server, server.adapter_version, fingerprint.adapter,
+                  tool_name, fingerprint.rollout]]
 
 
 # Admissions remembered per process, by (database alias, server name, tool name): a hint only.

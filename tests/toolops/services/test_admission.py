@@ -134,6 +134,30 @@ def test_a_remembered_admission_makes_the_next_submits_first_commit_one_statemen
         assert OperationEvent.objects.filter(operation_id=op.id, kind="created").count() == 1
 
 
+def test_the_submits_insert_stays_within_what_psycopg_keeps_parsed(server: ToolServer) -> None:
+    """Both spellings of the first commit's insert (the locked path's and the remembered
+    admission's) within psycopg's statement cache limits: above 50 parameters or 4096 bytes it
+    parses the text again on every execution. The created event copies the row it was inserted
+    with."""
+    from psycopg import _queries
+
+    from ledger.statements import _SPELLED
+
+    for node in ("cache-1", "cache-2"):
+        submit_sleep(server, node=node, seconds=0.2)
+    spelled = [(shape, text) for (site, shape), text in _SPELLED.items()
+               if site == "operation_insert_with_first_event"]
+    assert {shape[-1] is None for shape, _ in spelled} == {True, False}  # both paths ran
+    for _shape, text in spelled:
+        assert text.count("%s") <= _queries.MAX_CACHED_STATEMENT_PARAMS
+        assert len(text.encode()) <= _queries.MAX_CACHED_STATEMENT_LENGTH
+    for op in Operation.objects.filter(call_node_id__in=["cache-1", "cache-2"]):
+        created = OperationEvent.objects.get(operation=op, kind="created")
+        assert (created.seq, created.from_state, created.to_state) == (1, "", State.SUBMITTING)
+        assert created.created_at == op.created_at
+        assert (created.execution_epoch, created.cancel_generation) == (op.execution_epoch, 0)
+
+
 @pytest.mark.parametrize("change", ["server_disabled", "tool_gone", "adapter_draining",
                                     "tasks_rolled_back"])
 def test_an_admission_that_no_longer_holds_is_read_again_and_decides(
