@@ -254,7 +254,7 @@ def operation_insert_with_first_event(
     def spell() -> str:
         qn = connection.ops.quote_name
         pk = qn(meta.pk.column)  # type: ignore[union-attr]
-        copied = {attname: qn(meta.get_field(name).column)
+        copied = {attname: qn(meta.get_field(name).column)  # type: ignore[union-attr,arg-type]
                   for attname, name in _FIRST_EVENT_FROM_ROW.items()}
         event_columns = [OperationEvent._meta.get_field("operation").column, *(f.column for f in columns)]
         selected = ", ".join(f"o.{copied[f.attname]}" if f.attname in copied else "%s"
