@@ -31,6 +31,24 @@ SEEN: list[tuple[str, int]] = []  # (path, client port) of every request the ser
 _SEEN_LOCK = threading.Lock()
 
 
+RAW_REPLIES = {
+    # Repeated names, a folded continuation line, a name in any case.
+    "headers": (b"HTTP/1.1 200 OK\r\nX-Twice: one\r\nx-twice: two\r\nX-Folded: first\r\n"
+                b"\t second\r\nmcp-session-id: s-1\r\nContent-Length: 2\r\n\r\nok"),
+    # An interim 100 reply before the real one.
+    "continue": (b"HTTP/1.1 100 Continue\r\nX-Interim: yes\r\n\r\n"
+                 b"HTTP/1.1 201 Created\r\nContent-Length: 4\r\n\r\nmade"),
+    "chunked": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"),
+    "close": b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 3\r\n\r\nbye",
+    "no-colon": b"HTTP/1.1 200 OK\r\nthis is not a header\r\nContent-Length: 0\r\n\r\n",
+    "space-before-colon": b"HTTP/1.1 200 OK\r\nX-Bad : 1\r\nContent-Length: 0\r\n\r\n",
+    "too-many": (b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-%d: v\r\n" % i for i in range(101))
+                 + b"Content-Length: 0\r\n\r\n"),
+    "long-line": b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 70000 + b"\r\nContent-Length: 0\r\n\r\n",
+}
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -62,6 +80,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(200, b"x" * 200_000)
         elif route == "gzip":
             self._reply(200, gzip.compress(b'{"ok":true}'), extra={"Content-Encoding": "gzip"})
+        elif route.startswith("raw-"):
+            # A reply written byte for byte (RAW_REPLIES), for header blocks http.server would
+            # not produce; the connection is kept only where the reply says so.
+            self.wfile.write(RAW_REPLIES[route[4:]])
+            self.close_connection = b"Connection: close" in RAW_REPLIES[route[4:]]
         elif route == "stream":
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -263,3 +286,34 @@ def test_tls_is_verified_against_the_url_host_not_the_address(tls: tuple[int, ss
             _post(untrusting, f"https://localhost:{tls_port}/echo")
     finally:
         untrusting.close()
+
+
+def test_a_header_block_keeps_every_header_as_sent(wire: Http11Transport, port: int) -> None:
+    response = _post(wire, f"http://127.0.0.1:{port}/raw-headers")
+    assert response.status_code == 200 and response.content == b"ok"
+    assert response.headers.get_list("x-twice") == ["one", "two"]
+    assert response.headers["X-Folded"] == "first second"
+    assert response.headers["Mcp-Session-Id"] == "s-1"
+    # Length-framed and read to its end: the connection is kept and used again.
+    _post(wire, f"http://127.0.0.1:{port}/raw-headers")
+    assert len(set(_ports("/raw-headers"))) == 1
+
+
+def test_framing_follows_the_header_block(wire: Http11Transport, port: int) -> None:
+    interim = _post(wire, f"http://127.0.0.1:{port}/raw-continue")
+    assert interim.status_code == 201 and interim.content == b"made" and "x-interim" not in interim.headers
+    chunked = _post(wire, f"http://127.0.0.1:{port}/raw-chunked")
+    assert chunked.content == b"abcde"
+    closing = _post(wire, f"http://127.0.0.1:{port}/raw-close")
+    assert closing.content == b"bye"
+    _post(wire, f"http://127.0.0.1:{port}/raw-close")
+    assert len(set(_ports("/raw-close"))) == 2  # "Connection: close" is never reused
+
+
+@pytest.mark.parametrize("reply", ["no-colon", "space-before-colon", "too-many", "long-line"])
+def test_a_malformed_header_block_is_a_protocol_error(wire: Http11Transport, port: int,
+                                                     reply: str) -> None:
+    with pytest.raises(httpx.RemoteProtocolError, match="malformed HTTP reply"):
+        _post(wire, f"http://127.0.0.1:{port}/raw-{reply}")
+    # The transport is still usable afterwards.
+    assert _post(wire, f"http://127.0.0.1:{port}/echo", body=b"fine").content == b"fine"
