@@ -234,11 +234,6 @@ def operation_insert_with_first_event(
                                 server_state=op.server_state, execution_epoch=op.execution_epoch,
                                 cancel_generation=op.cancel_generation, data=data)
         return inserted
-    event = OperationEvent(
-        operation_id=op.id, kind=kind, from_state="", to_state=op.state,
-        server_state=op.server_state, execution_epoch=op.execution_epoch,
-        cancel_generation=op.cancel_generation, data=dict(data or {}), created_at=timezone.now(),
-    )
     guard_sql, guard_params = only_if if only_if is not None else (None, [])
     alias, op_sql, op_values, generated = row_insert_statement(
         op, skip_conflict=True, only_if=None if guard_sql is None else "EXISTS (SELECT 1 FROM g)")
@@ -247,8 +242,9 @@ def operation_insert_with_first_event(
     # The event's copies of the row's own values are read from the row as inserted, not sent
     # again: the statement stays within psycopg's 50 parameters, above which it is parsed anew
     # on every execution instead of kept (MAX_CACHED_STATEMENT_PARAMS).
-    sent = [f for f in columns if f.attname not in _FIRST_EVENT_FROM_ROW]
-    values = [value_for_db(f, getattr(event, f.attname), connection) for f in sent]
+    given = {"kind": kind, "from_state": "", "data": dict(data or {})}
+    values = [value_for_db(f, given[f.attname], connection)
+              for f in columns if f.attname not in _FIRST_EVENT_FROM_ROW]
     meta = Operation._meta
 
     def spell() -> str:
