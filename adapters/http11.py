@@ -40,6 +40,7 @@ from typing import Any, NoReturn
 import httpx
 
 from adapters.deadline import bounded_timeout
+from adapters.http11_reply import Http11Reply
 
 Connect = Callable[[str, int, float | None], socket.socket]
 Origin = tuple[str, str, int]
@@ -137,112 +138,12 @@ def _read_errors(exc: Exception) -> httpx.TransportError:
     return _wire_error(exc, timeout=httpx.ReadTimeout, failure=httpx.ReadError, what="read")
 
 
-# http.client's own limits on a reply's header block (its _MAXLINE and _MAXHEADERS).
-MAX_HEADER_LINE = 65536
-MAX_HEADERS = 100
-
-
-class _Headers:
-    """A reply's header block, as much of `email.message.Message` as `http.client` uses (get,
-    get_all, items) plus the raw pairs httpx takes. http.client parses the block with the email
-    package, which costs more than the rest of reading a short JSON reply; an HTTP header block
-    needs only the split at the first colon, continuation lines folded in."""
-
-    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
-        self.raw = raw
-        self._pairs = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in raw]
-
-    def get(self, name: str, default: Any = None) -> Any:
-        wanted = name.lower()
-        for key, value in self._pairs:
-            if key.lower() == wanted:
-                return value
-        return default
-
-    def get_all(self, name: str, default: Any = None) -> Any:
-        wanted = name.lower()
-        found = [value for key, value in self._pairs if key.lower() == wanted]
-        return found or default
-
-    def items(self) -> list[tuple[str, str]]:
-        return list(self._pairs)
-
-
-def _read_header_block(fp: Any) -> _Headers:
-    """The header lines up to the blank line, within http.client's limits; a line that is not
-    `name: value` (nor a continuation of one) is a malformed reply, as h11 would have it."""
-    raw: list[tuple[bytes, bytes]] = []
-    while True:
-        line = fp.readline(MAX_HEADER_LINE + 1)
-        if len(line) > MAX_HEADER_LINE:
-            raise http.client.LineTooLong("header line")
-        if line in (b"\r\n", b"\n", b""):
-            return _Headers(raw)
-        if len(raw) >= MAX_HEADERS:
-            raise http.client.HTTPException(f"got more than {MAX_HEADERS} headers")
-        if line[:1] in (b" ", b"\t") and raw:  # obsolete line folding: part of the last value
-            name, value = raw[-1]
-            raw[-1] = (name, value + b" " + line.strip())
-            continue
-        name, colon, value = line.partition(b":")
-        if not colon or not name or name != name.strip():
-            raise http.client.HTTPException(f"malformed header line {line[:80]!r}")
-        raw.append((name, value.strip()))
-
-
-class _Reply(http.client.HTTPResponse):
-    """`http.client.HTTPResponse` with the header block read by _read_header_block; the framing
-    decisions (chunked, length, keep-alive) are begin()'s own, in its order."""
-
-    raw_headers: list[tuple[bytes, bytes]] = []
-
-    def begin(self) -> None:
-        if self.headers is not None:
-            return
-        while True:
-            version, status, reason = self._read_status()  # type: ignore[attr-defined]
-            if status != http.client.CONTINUE:
-                break
-            _read_header_block(self.fp)  # an interim 100 reply's headers: skipped
-        self.code = self.status = status
-        self.reason = reason.strip()
-        if version in ("HTTP/1.0", "HTTP/0.9"):
-            self.version = 10
-        elif version.startswith("HTTP/1."):
-            self.version = 11
-        else:
-            raise http.client.UnknownProtocol(version)
-        headers = _read_header_block(self.fp)
-        self.headers = self.msg = headers  # type: ignore[assignment]
-        self.raw_headers = headers.raw
-        encoding = headers.get("transfer-encoding")
-        self.chunked = bool(encoding and encoding.lower() == "chunked")
-        if self.chunked:
-            self.chunk_left = None
-        self.will_close = self._check_close()  # type: ignore[attr-defined]
-        self.length = None
-        length = headers.get("content-length")
-        if length and not self.chunked:
-            try:
-                self.length = int(length)
-            except ValueError:
-                self.length = None
-            else:
-                if self.length < 0:  # a negative length is ignored, as http.client does
-                    self.length = None
-        if (status in (http.client.NO_CONTENT, http.client.NOT_MODIFIED)
-                or 100 <= status < 200 or self._method == "HEAD"):  # type: ignore[attr-defined]
-            self.length = 0
-        if not self.will_close and not self.chunked and self.length is None:
-            self.will_close = True
-
-
 class _Body(httpx.SyncByteStream):
     """The reply body as it arrives; on close the connection goes back to the pool only if the
     reply was read to its end and the server did not ask to close it."""
 
     def __init__(self, transport: Http11Transport, origin: Origin, sock: socket.socket,
-                 reply: _Reply) -> None:
+                 reply: Http11Reply) -> None:
         self._transport = transport
         self._origin = origin
         self._sock: socket.socket | None = sock
@@ -318,7 +219,7 @@ class Http11Transport(httpx.BaseTransport):
             _close(sock)
             _raise_mapped(_wire_error(exc, timeout=httpx.WriteTimeout, failure=httpx.WriteError,
                                       what="write"), exc)
-        reply = _Reply(_SocketFile(sock, timeouts.get("read")),  # type: ignore[arg-type]
+        reply = Http11Reply(_SocketFile(sock, timeouts.get("read")),  # type: ignore[arg-type]
                        method=request.method)
         try:
             reply.begin()

@@ -83,7 +83,10 @@ class _Handler(BaseHTTPRequestHandler):
         elif route.startswith("raw-"):
             # A reply written byte for byte (RAW_REPLIES), for header blocks http.server would
             # not produce; the connection is kept only where the reply says so.
-            self.wfile.write(RAW_REPLIES[route[4:]])
+            try:
+                self.wfile.write(RAW_REPLIES[route[4:]])
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client refused the block and closed before all of it was written
             self.close_connection = b"Connection: close" in RAW_REPLIES[route[4:]]
         elif route == "stream":
             self.send_response(200)
