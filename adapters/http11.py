@@ -220,7 +220,7 @@ class Http11Transport(httpx.BaseTransport):
             _raise_mapped(_wire_error(exc, timeout=httpx.WriteTimeout, failure=httpx.WriteError,
                                       what="write"), exc)
         reply = Http11Reply(_SocketFile(sock, timeouts.get("read")),  # type: ignore[arg-type]
-                       method=request.method)
+                            method=request.method)
         try:
             reply.begin()
         except Exception as exc:

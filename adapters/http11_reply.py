@@ -18,10 +18,8 @@ MAX_HEADERS = 100
 
 
 class ReplyHeaders:
-    """A reply's header block, as much of `email.message.Message` as `http.client` uses (get,
-    get_all, items) plus the raw pairs httpx takes. http.client parses the block with the email
-    package, which costs more than the rest of reading a short JSON reply; an HTTP header block
-    needs only the split at the first colon, continuation lines folded in."""
+    """A reply's header block: as much of `email.message.Message` as `http.client` uses (get,
+    get_all, items), plus the raw pairs httpx takes."""
 
     def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
         self.raw = raw
@@ -69,7 +67,7 @@ class Http11Reply(http.client.HTTPResponse):
     """`http.client.HTTPResponse` with the header block read by read_header_block; the framing
     decisions (chunked, length, keep-alive) are begin()'s own, in its order."""
 
-    raw_headers: list[tuple[bytes, bytes]] = []
+    raw_headers: list[tuple[bytes, bytes]]  # set by begin(), read only after it
 
     def begin(self) -> None:
         if self.headers is not None:
