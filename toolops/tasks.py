@@ -81,8 +81,9 @@ def _freeze_parent_heap(**_kwargs: object) -> None:
     # A prefork child shares the parent's pages until it writes them, and a garbage collection
     # in the child writes every object it visits (the collector's bookkeeping lives in each
     # object's header): the first full collection in a child copied most of the parent's heap,
-    # about 30 MB per child. Objects frozen here (Django, the models, the adapters, all imported
+    # about 33 MB per child. Objects frozen here (Django, the models, the adapters, all imported
     # before the pool starts) are left out of every later collection, parent's and children's,
-    # so their pages stay shared. Collect first so no garbage cycle is frozen for good.
+    # so their pages stay shared. Collect first so no garbage cycle is frozen for good; the
+    # pool's own collection right after this signal then finds only the young generations.
     gc.collect()
     gc.freeze()
