@@ -130,3 +130,55 @@ def test_an_event_appended_while_the_write_waits_for_the_lock_is_kept_and_the_wr
     assert [s[:2] for s in _series(op)] == [(1, "operator_note"), (2, "status_changed")]
     op.refresh_from_db()
     assert op.server_status_message == "after the note"
+
+
+def _plans(sql: str, params: list[object], types: list[str]) -> tuple[str, str]:
+    """The statement's plan for these values, and its generic plan (a prepared statement's)."""
+    numbered = sql
+    for i in range(1, len(types) + 1):
+        numbered = numbered.replace("%s", f"${i}", 1)
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN {sql}", params)
+        custom = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        cursor.execute(f"PREPARE guarded_probe ({', '.join(types)}) AS {numbered}")
+        try:
+            cursor.execute(f"EXPLAIN EXECUTE guarded_probe ({', '.join(['%s'] * len(params))})",
+                           params)
+            generic = "\n".join(row[0] for row in cursor.fetchall())
+        finally:
+            cursor.execute("DEALLOCATE guarded_probe")
+            cursor.execute("RESET plan_cache_mode")
+    return custom, generic
+
+
+def test_a_guarded_write_reaches_its_row_by_key_whatever_the_statistics() -> None:
+    # A guarded write names its row by key; its other guards are checks on that one row. With
+    # statistics in which the guarded state is rare (as on a ledger not yet analyzed, where every
+    # equality is estimated at one row), the planner priced the small index on `state` below the
+    # primary key and walked every row in that state for each write.
+    from ledger.services.guarded import _update_statement
+    from tests.ledger.factories import ToolServerFactory
+
+    server = ToolServerFactory()
+    Operation.objects.bulk_create(OperationFactory.build_batch(
+        3000, server=server, state=State.ACCEPTED, next_poll_at=None), batch_size=1000)
+    op = _leased(server=server)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE ledger_operation")
+    sql, params = _update_statement(
+        connection=connection, fields={"server_state": "completed"}, returning=("state",),
+        guards={"id": op.id, "state": State.WORKING, "execution_epoch": op.execution_epoch,
+                "lease_owner": "w1"})
+    for plan in _plans(sql, params, ["text", "uuid", "text", "int", "text"]):
+        assert "ledger_operation_pkey" in plan, plan
+        assert "op_state_idx" not in plan, plan
+    # The checks still decide: a guard that does not hold writes nothing.
+    assert not operation_update_guarded(
+        operation_id=op.id, state=State.WORKING, execution_epoch=op.execution_epoch,
+        lease_owner="w2", updates={"server_state": "completed"}, event_kind="note")
+    assert operation_update_guarded(
+        operation_id=op.id, state=State.WORKING, execution_epoch=op.execution_epoch,
+        lease_owner="w1", updates={"server_state": "completed"}, event_kind="note")
+    op.refresh_from_db()
+    assert op.server_state == "completed"

@@ -119,6 +119,11 @@ def _claim_sql(*, alias: str, by_path: bool, by_servers: bool) -> str:
     The UPDATE writes only columns no index of the operation row holds, so on a page with room
     it is a HOT update; the trigger moves the due entry to the lease's end.
 
+    The state check is spelled `(...) IS TRUE` so that no index can serve it: candidates are
+    found by the due index alone. On a ledger not yet analyzed the planner estimated the small
+    index on `state` at a few rows and chose it, reading every open row and sorting them for
+    each claim.
+
     Parameters: owner, lease end (twice: lease and next poll time), now, [path], [server ids],
     now twice, batch."""
     return statement_spelled(site="claim", shape=(alias, by_path, by_servers),
@@ -139,7 +144,7 @@ def _claim_spelled(*, by_path: bool, by_servers: bool) -> str:
     pk, lease, due = col("id"), col("lease_expires_at"), col("next_poll_at")
     candidates = (
         f'SELECT c.{pk} FROM "{due_table}" AS d JOIN "{table}" AS c ON c.{pk} = d."operation_id" '
-        f'WHERE d."due_at" <= %s{scope} AND c.{_claimable_states_sql()} '
+        f'WHERE d."due_at" <= %s{scope} AND (c.{_claimable_states_sql()}) IS TRUE '
         f'AND (c.{lease} IS NULL OR c.{lease} <= %s) AND (c.{due} <= %s OR c.{due} IS NULL) '
         f'ORDER BY d."due_at" LIMIT %s FOR UPDATE OF c SKIP LOCKED')
     sql = (f'UPDATE "{table}" AS o SET {col("lease_owner")} = %s, {lease} = %s, {due} = %s, '

@@ -113,6 +113,34 @@ def test_the_claims_generic_plan_walks_the_due_index(by_path: bool, by_servers: 
     assert "Seq Scan on ledger_operation " not in plan, plan
 
 
+def test_the_claim_finds_its_candidates_by_the_due_index_never_by_state() -> None:
+    # With statistics in which open rows are rare (as on a ledger not yet analyzed, where every
+    # condition is estimated at a few rows) the planner took the small index on `state` for the
+    # claim's state check, read every open row, joined each to its due entry and sorted them, on
+    # every claim. The check is on the candidate, not a way to find it.
+    from django.db import connection
+
+    from toolops.services.dispatch import _claim_sql
+
+    server = ToolServerFactory()
+    Operation.objects.bulk_create(OperationFactory.build_batch(
+        3000, server=server, state="ACCEPTED", next_poll_at=None), batch_size=1000)
+    due = [_row(next_poll_at=timezone.now() - timedelta(seconds=1), lease_expires_at=None)
+           for _ in range(20)]
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE ledger_operation")
+        cursor.execute("ANALYZE ledger_operationdue")
+        now = timezone.now()
+        sql = _claim_sql(alias=connection.alias, by_path=False, by_servers=False)
+        cursor.execute(f"EXPLAIN {sql}", ["o", now, now, now, now, now, 200])
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    # Twenty due entries fit one page, which the planner may read whole: either way, from the due
+    # table, each operation row by its key.
+    assert "on ledger_operationdue d" in plan, plan
+    assert "op_state_idx" not in plan and "Seq Scan on ledger_operation " not in plan, plan
+    assert sorted(operations_claim_due(owner="d", limit=200)) == sorted(due)
+
+
 def test_the_claims_write_of_the_operation_row_is_a_hot_update() -> None:
     # The reason for the due table: no index of the wide row holds a column the claim writes, so
     # on a page with room (fillfactor 80) PostgreSQL writes no index entry for the new version.
