@@ -143,13 +143,13 @@ def _claim_spelled(*, by_path: bool, by_servers: bool) -> str:
     scope = "".join(f" AND {clause}" for clause in clauses)
     pk, lease, due = col("id"), col("lease_expires_at"), col("next_poll_at")
     candidates = (
-        f'SELECT c.{pk} FROM "{due_table}" AS d JOIN "{table}" AS c ON c.{pk} = d."operation_id" '
+        f'SELECT c.{pk}, d."due_at" FROM "{due_table}" AS d JOIN "{table}" AS c ON c.{pk} = d."operation_id" '
         f'WHERE d."due_at" <= %s{scope} AND (c.{_claimable_states_sql()}) IS TRUE '
         f'AND (c.{lease} IS NULL OR c.{lease} <= %s) AND (c.{due} <= %s OR c.{due} IS NULL) '
         f'ORDER BY d."due_at" LIMIT %s FOR UPDATE OF c SKIP LOCKED')
     sql = (f'UPDATE "{table}" AS o SET {col("lease_owner")} = %s, {lease} = %s, {due} = %s, '
            f'{col("poll_attempts")} = o.{col("poll_attempts")} + 1 '
-           f'FROM ({candidates}) AS due WHERE o.{pk} = due.{pk} RETURNING o.{pk}')
+           f'FROM ({candidates}) AS due WHERE o.{pk} = due.{pk} RETURNING o.{pk}, due."due_at"')
     return sql
 
 
@@ -176,7 +176,9 @@ def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None =
         _clauses, scope = _due_scope(path=path, server_ids=server_ids)
         with connection.cursor() as cursor:
             cursor.execute(sql, [owner, lease_until, lease_until, now, *scope, now, now, batch])
-            return [row[0] for row in cursor.fetchall()]
+            # RETURNING follows the UPDATE's join, not the candidates' order: put the batch back
+            # in the order its rows became due, so the oldest are polled first.
+            return [row[0] for row in sorted(cursor.fetchall(), key=lambda row: row[1])]
     # Elsewhere (SQLite, the embedded default: one writer at a time, so no row lock to skip):
     # the same walk over the due index, then the same write.
     due = _due_entries(path=path, server_ids=server_ids).filter(due_at__lte=now)
