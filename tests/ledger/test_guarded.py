@@ -18,6 +18,7 @@ from ledger.services.transitions import operation_transition, operation_update_g
 from ledger.states import State
 from tests.concurrency import release_once_a_lock_is_awaited
 from tests.ledger.factories import OperationFactory
+from tests.plans import plan_for, plan_generic
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -132,26 +133,6 @@ def test_an_event_appended_while_the_write_waits_for_the_lock_is_kept_and_the_wr
     assert op.server_status_message == "after the note"
 
 
-def _plans(sql: str, params: list[object], types: list[str]) -> tuple[str, str]:
-    """The statement's plan for these values, and its generic plan (a prepared statement's)."""
-    numbered = sql
-    for i in range(1, len(types) + 1):
-        numbered = numbered.replace("%s", f"${i}", 1)
-    with connection.cursor() as cursor:
-        cursor.execute(f"EXPLAIN {sql}", params)
-        custom = "\n".join(row[0] for row in cursor.fetchall())
-        cursor.execute("SET plan_cache_mode = force_generic_plan")
-        cursor.execute(f"PREPARE guarded_probe ({', '.join(types)}) AS {numbered}")
-        try:
-            cursor.execute(f"EXPLAIN EXECUTE guarded_probe ({', '.join(['%s'] * len(params))})",
-                           params)
-            generic = "\n".join(row[0] for row in cursor.fetchall())
-        finally:
-            cursor.execute("DEALLOCATE guarded_probe")
-            cursor.execute("RESET plan_cache_mode")
-    return custom, generic
-
-
 def test_a_guarded_write_reaches_its_row_by_key_whatever_the_statistics() -> None:
     # A guarded write names its row by key; its other guards are checks on that one row. With
     # statistics in which the guarded state is rare (as on a ledger not yet analyzed, where every
@@ -170,7 +151,8 @@ def test_a_guarded_write_reaches_its_row_by_key_whatever_the_statistics() -> Non
         connection=connection, fields={"server_state": "completed"}, returning=("state",),
         guards={"id": op.id, "state": State.WORKING, "execution_epoch": op.execution_epoch,
                 "lease_owner": "w1"})
-    for plan in _plans(sql, params, ["text", "uuid", "text", "int", "text"]):
+    for plan in (plan_for(sql, params),
+                 plan_generic(sql, ["text", "uuid", "text", "int", "text"], params)):
         assert "ledger_operation_pkey" in plan, plan
         assert "op_state_idx" not in plan, plan
     # The checks still decide: a guard that does not hold writes nothing.

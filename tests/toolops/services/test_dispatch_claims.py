@@ -15,6 +15,7 @@ from django.utils import timezone
 from ledger.models import Operation, OperationDue
 from ledger.models.operations import SCHEDULED_STATES
 from tests.ledger.factories import OperationFactory, ToolServerFactory
+from tests.plans import plan_for, plan_generic
 from toolops.services.dispatch import CLAIMABLE, operations_claim_due, operations_next_due_at
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -69,23 +70,6 @@ def test_rows_are_claimed_in_the_order_they_became_claimable() -> None:
     assert operations_claim_due(owner="d", limit=5) == [newer]
 
 
-def _explain_generic(sql: str, types: list[str], values: list[str]) -> str:
-    from django.db import connection
-
-    numbered = sql
-    for i in range(1, len(types) + 1):
-        numbered = numbered.replace("%s", f"${i}", 1)
-    with connection.cursor() as cursor:
-        cursor.execute("SET plan_cache_mode = force_generic_plan")
-        cursor.execute(f"PREPARE claim_probe ({', '.join(types)}) AS {numbered}")
-        try:
-            cursor.execute(f"EXPLAIN EXECUTE claim_probe ({', '.join(values)})")
-            return "\n".join(row[0] for row in cursor.fetchall())
-        finally:
-            cursor.execute("DEALLOCATE claim_probe")
-            cursor.execute("RESET plan_cache_mode")
-
-
 @pytest.mark.parametrize(("by_path", "by_servers"), [(False, False), (True, True)])
 def test_the_claims_generic_plan_walks_the_due_index(by_path: bool, by_servers: bool) -> None:
     # Workers prepare their statements: after a few executions PostgreSQL may plan a claim once,
@@ -104,11 +88,12 @@ def test_the_claims_generic_plan_walks_the_due_index(by_path: bool, by_servers: 
         cursor.execute("ANALYZE ledger_operationdue")
     sql = _claim_sql(alias=connection.alias, by_path=by_path, by_servers=by_servers)
     scope_types = [*(["text"] if by_path else []), *(["bigint[]"] if by_servers else [])]
-    scope_values = [*(["'tasks'"] if by_path else []), *(["ARRAY[1]::bigint[]"] if by_servers else [])]
-    plan = _explain_generic(
+    scope_values = [*(["tasks"] if by_path else []), *([[1]] if by_servers else [])]
+    now = timezone.now()
+    plan = plan_generic(
         sql, ["text", "timestamptz", "timestamptz", "timestamptz", *scope_types,
               "timestamptz", "timestamptz", "int"],
-        ["'o'", "now()", "now()", "now()", *scope_values, "now()", "now()", "200"])
+        ["o", now, now, now, *scope_values, now, now, 200])
     assert "opdue_due_idx" in plan, plan
     assert "Seq Scan on ledger_operation " not in plan, plan
 
@@ -130,10 +115,9 @@ def test_the_claim_finds_its_candidates_by_the_due_index_never_by_state() -> Non
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE ledger_operation")
         cursor.execute("ANALYZE ledger_operationdue")
-        now = timezone.now()
-        sql = _claim_sql(alias=connection.alias, by_path=False, by_servers=False)
-        cursor.execute(f"EXPLAIN {sql}", ["o", now, now, now, now, now, 200])
-        plan = "\n".join(row[0] for row in cursor.fetchall())
+    now = timezone.now()
+    sql = _claim_sql(alias=connection.alias, by_path=False, by_servers=False)
+    plan = plan_for(sql, ["o", now, now, now, now, now, 200])
     # Twenty due entries fit one page, which the planner may read whole: either way, from the due
     # table, each operation row by its key.
     assert "on ledger_operationdue d" in plan, plan
