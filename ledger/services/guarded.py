@@ -43,7 +43,7 @@ def _direct(name: str, value: Any) -> bool:
     return True
 
 
-def _direct_update(*, guards: Mapping[str, Any], fields: Mapping[str, Any]) -> bool:
+def guarded_update_direct(*, guards: Mapping[str, Any], fields: Mapping[str, Any]) -> bool:
     """Whether the UPDATE can be spelled directly (see guarded_update)."""
     # A guard on None means IS NULL to the ORM and never matches as `= NULL`: the ORM spells it.
     return all(_direct(name, value) for name, value in fields.items()) and all(
@@ -51,9 +51,11 @@ def _direct_update(*, guards: Mapping[str, Any], fields: Mapping[str, Any]) -> b
         for name, value in guards.items())
 
 
-def _update_statement(*, connection: Any, guards: Mapping[str, Any], fields: Mapping[str, Any],
+def guarded_update_statement(*, connection: Any, guards: Mapping[str, Any], fields: Mapping[str, Any],
                       returning: Sequence[str]) -> tuple[str, list[Any]]:
-    """The direct guarded UPDATE's text (kept per shape) and its parameters."""
+    """The direct guarded UPDATE's text (kept per shape) and its parameters, for guarded_update
+    and for a caller that sends it inside a larger statement (a data-modifying CTE). The caller
+    checks that the UPDATE can be spelled directly (guarded_update_direct)."""
     meta = Operation._meta
     params: list[Any] = []
     steps: list[bool] = []
@@ -104,12 +106,12 @@ def guarded_update(*, guards: Mapping[str, Any], fields: Mapping[str, Any],
     (another expression, a model instance, a lookup across a relation) goes through the ORM, which
     cannot read columns back.
     """
-    if not _direct_update(guards=guards, fields=fields):
+    if not guarded_update_direct(guards=guards, fields=fields):
         if returning:
             raise ValueError("reading columns back needs a direct UPDATE: plain values and guards")
         return Operation.objects.filter(**guards).update(**fields), None
     connection = connections[router.db_for_write(Operation)]
-    sql, params = _update_statement(connection=connection, guards=guards, fields=fields,
+    sql, params = guarded_update_statement(connection=connection, guards=guards, fields=fields,
                                     returning=returning)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -138,9 +140,9 @@ def guarded_update_with_event(
     # Outside any transaction, with the connection in autocommit (Django's default), the one
     # statement is a transaction by itself: no BEGIN and COMMIT round trips around it.
     if (connection.vendor != "postgresql" or connection.in_atomic_block
-            or not connection.get_autocommit() or not _direct_update(guards=guards, fields=fields)):
+            or not connection.get_autocommit() or not guarded_update_direct(guards=guards, fields=fields)):
         return None
-    update_sql, params = _update_statement(
+    update_sql, params = guarded_update_statement(
         connection=connection, guards=guards, fields=fields,
         returning=("id", "cancel_generation", "server_state"))
     columns = event_columns()

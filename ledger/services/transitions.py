@@ -182,6 +182,24 @@ class Hop:
     event_data: Mapping[str, Any] | None = None
 
 
+def operation_path_checked(*, from_state: State, hops: Sequence[Hop]) -> tuple[State, list[EventSpec]]:
+    """The state a path of hops ends in and the events of its moves, every hop checked against
+    the state table (a hop to the state it is in records an event without a move). Only the last
+    hop may leave its event to the caller (`event_kind` None). Raises IllegalTransition."""
+    at = from_state
+    events: list[EventSpec] = []
+    for k, hop in enumerate(hops):
+        if hop.to_state != at and hop.to_state not in TRANSITIONS[at]:
+            raise IllegalTransition(f"{at} -> {hop.to_state} is not in the state table")
+        if hop.event_kind is None and k < len(hops) - 1:
+            raise ValueError("only the last hop of a path may leave its event to the caller")
+        if hop.event_kind is not None:
+            events.append(EventSpec(kind=hop.event_kind, from_state=at, to_state=hop.to_state,
+                                    data=hop.event_data))
+        at = hop.to_state
+    return at, events
+
+
 def operation_transition_path(
     *,
     operation_id: uuid.UUID,
@@ -211,13 +229,7 @@ def operation_transition_path(
         # Written "later in this transaction": without one there is no later.
         raise RuntimeError("events_out needs the caller's transaction")
     src = State(from_state)
-    at = src
-    for hop in hops:
-        if hop.to_state != at and hop.to_state not in TRANSITIONS[at]:
-            raise IllegalTransition(f"{at} -> {hop.to_state} is not in the state table")
-        at = hop.to_state
-    if any(hop.event_kind is None for hop in hops[:-1]):
-        raise ValueError("only the last hop of a path may leave its event to the caller")
+    at, events = operation_path_checked(from_state=src, hops=hops)
     fields: dict[str, Any] = dict(updates)
     if "state" in fields or "execution_epoch" in fields:
         raise ValueError("state and execution_epoch change only through their own services")
@@ -234,12 +246,6 @@ def operation_transition_path(
             )
         values = {name: operation_column(name).to_python(value)
                   for name, value in zip(read_back, row, strict=True)}
-        events, hop_from = [], src
-        for hop in hops:
-            if hop.event_kind is not None:
-                events.append(EventSpec(kind=hop.event_kind, from_state=hop_from,
-                                        to_state=hop.to_state, data=hop.event_data))
-            hop_from = hop.to_state
         if events_out is not None:
             events_out.extend(events)
             return values

@@ -138,7 +138,7 @@ def test_a_guarded_write_reaches_its_row_by_key_whatever_the_statistics() -> Non
     # statistics in which the guarded state is rare (as on a ledger not yet analyzed, where every
     # equality is estimated at one row), the planner priced the small index on `state` below the
     # primary key and walked every row in that state for each write.
-    from ledger.services.guarded import _update_statement
+    from ledger.services.guarded import guarded_update_statement
     from tests.ledger.factories import ToolServerFactory
 
     server = ToolServerFactory()
@@ -147,7 +147,7 @@ def test_a_guarded_write_reaches_its_row_by_key_whatever_the_statistics() -> Non
     op = _leased(server=server)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE ledger_operation")
-    sql, params = _update_statement(
+    sql, params = guarded_update_statement(
         connection=connection, fields={"server_state": "completed"}, returning=("state",),
         guards={"id": op.id, "state": State.WORKING, "execution_epoch": op.execution_epoch,
                 "lease_owner": "w1"})

@@ -30,7 +30,7 @@ from toolops.services.submit import operation_submit
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # Per completed call: submit (row before the send, reply after), one working poll, one terminal
-# poll that records status, result, receipt and outbox row in one transaction; each poll task
+# poll that records status, result, receipt and outbox row in one statement; each poll task
 # also reads its row once. The claim is counted apart: one transaction per batch of due rows.
 BUDGET = {"submit": 2, "working_poll": 2, "terminal_poll": 2, "next_submit": 2}
 CALL_BUDGET = 6
@@ -39,13 +39,13 @@ CLAIM_BUDGET = 1
 # one): the server with the adapter's status and the rollout rows (one statement), the row
 # with its `created` event (its key check is the insert's own) and the reply with its
 # `submitted` event at submit; the row's read and one
-# guarded UPDATE for a working poll; the row's read, one UPDATE ... RETURNING that writes the
-# status, the result and the final state, and one statement for the receipt, its outbox row, the
-# events of the way there and the accepted event, for the terminal poll.
+# guarded UPDATE for a working poll; the row's read and one statement for the terminal poll:
+# the status, the result and the final state, the receipt, its outbox row, the events of the way
+# there and the accepted event (toolops/services/settle_cycle.py), with no BEGIN or COMMIT.
 # A later submit to the same server and tool, on the admission this process remembers, makes
 # its first commit one statement: the locks, the check that the rows are the versions read, the
 # row and its event (toolops/services/admission.py); then the reply.
-STATEMENT_BUDGET = {"submit": 3, "working_poll": 2, "terminal_poll": 3, "next_submit": 2}
+STATEMENT_BUDGET = {"submit": 3, "working_poll": 2, "terminal_poll": 2, "next_submit": 2}
 
 
 @dataclass

@@ -119,10 +119,10 @@ def test_every_submission_creates_exactly_one_task_on_the_server(server: ToolSer
 
 
 def test_a_completed_status_without_its_fetched_result_is_never_stored() -> None:
-    from toolops.services.results import ResultRejected, _stored_result
+    from toolops.services.settle_cycle import ResultRejected, result_stored
 
     with pytest.raises(ResultRejected, match="no result was fetched"):
-        _stored_result(status="completed", fetched=None, status_message="")
+        result_stored(status="completed", fetched=None, status_message="")
     with pytest.raises(ResultRejected, match="no result was fetched"):
-        _stored_result(status="failed", fetched=None, status_message="boom")
-    assert _stored_result(status="cancelled", fetched=None, status_message="")["kind"] == "none"
+        result_stored(status="failed", fetched=None, status_message="boom")
+    assert result_stored(status="cancelled", fetched=None, status_message="")["kind"] == "none"

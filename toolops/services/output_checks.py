@@ -99,7 +99,7 @@ def _hooks() -> list[Callable[..., list[str]]]:
 
 
 def result_defend(*, op: Operation, stored: dict[str, Any], terminal_status: str) -> DefenseVerdict:
-    """Run the pipeline over a stored result (the `_stored_result` shape in results.py)."""
+    """Run the pipeline over a stored result (the `result_stored` shape in settle_cycle.py)."""
     if terminal_status == "cancelled" or stored.get("payload") is None:
         return DefenseVerdict()
     payload = stored["payload"]

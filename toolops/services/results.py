@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -28,44 +27,27 @@ from ledger.errors import AcceptanceRefused, IllegalTransition
 from ledger.models import Operation
 from ledger.selectors.rows import operation_load
 from ledger.services.acceptance import operation_accept_terminal_within
-from ledger.services.events import EventSpec, operation_record_event
-from ledger.services.schedule import RELEASE, schedule_cleared, schedule_now
+from ledger.services.events import operation_record_event
+from ledger.services.schedule import RELEASE, schedule_now
 from ledger.services.shadow import operation_accept_shadow_terminal
-from ledger.services.transitions import (
-    Hop,
-    operation_transition,
-    operation_transition_path,
-    operation_update_guarded,
-)
+from ledger.services.transitions import operation_transition, operation_update_guarded
 from ledger.states import State, TerminalStatus
 from toolops.logging import operation_log_context_for
 from toolops.services.connections import RateLimited, server_call
-from toolops.services.output_checks import DefenseVerdict, result_defend
+from toolops.services.output_checks import DefenseVerdict
 from toolops.services.output_defense import operation_defend_result
 from toolops.services.reconcile import operation_to_reconciliation
 from toolops.services.resolution import operation_classify_missing
 from toolops.services.schedule import operation_reschedule_after_error, operation_reschedule_rate_limited
-
-
-class ResultRejected(Exception):
-    """The fetched result does not fit the observed terminal status."""
-
-
-def _stored_result(*, status: str, fetched: FetchedResult | None, status_message: str) -> dict[str, Any]:
-    if fetched is None:
-        # Only `cancelled` has nothing to fetch; a completed or failed status without its fetched
-        # result must never be stored (and so never accepted), whatever the caller's control flow.
-        if status != "cancelled":
-            raise ResultRejected(f"status {status} but no result was fetched")
-        return {"kind": "none", "payload": None, "is_error": False, "status_message": status_message}
-    if status == "completed" and fetched.kind != "result":
-        raise ResultRejected(f"status completed but the result is {fetched.kind!r}")
-    return {
-        "kind": fetched.kind,
-        "payload": fetched.payload,
-        "is_error": fetched.is_error,
-        "status_message": status_message,
-    }
+from toolops.services.settle_cycle import (
+    OneWriteRefused,
+    ResultRejected,
+    Seen,
+    cycle_settle_in_transaction,
+    cycle_settle_one_statement,
+    result_stored,
+    row_apply,
+)
 
 
 def _known(op: Operation) -> dict[str, Any]:
@@ -106,12 +88,7 @@ def operation_record_terminal_seen(
                     "observation_seq": observation_seq},
         known=_known(op),
     )
-    _apply(op, {**updates, "state": State.TERMINAL_OBSERVED})
-
-
-def _apply(op: Operation, fields: dict[str, Any]) -> None:
-    for name, value in fields.items():
-        setattr(op, name, value)
+    row_apply(op, {**updates, "state": State.TERMINAL_OBSERVED})
 
 
 def _accept_in_transaction(*, op: Operation) -> str:
@@ -161,7 +138,7 @@ def _store_result(*, op: Operation, lease_owner: str, stored: dict[str, Any],
         known=_known(op),
     )
     if ok:
-        _apply(op, updates)
+        row_apply(op, updates)
     return ok
 
 
@@ -175,7 +152,7 @@ def _to_fetching(*, op: Operation, lease_owner: str) -> None:
     op.state = State.FETCHING_RESULT
 
 
-def _record_seen_locked(*, op: Operation, lease_owner: str, seen: _Seen | None) -> None:
+def _record_seen_locked(*, op: Operation, lease_owner: str, seen: Seen | None) -> None:
     """The terminal status just seen (if not yet recorded), and FETCHING_RESULT."""
     if seen is not None:
         operation_record_terminal_seen(
@@ -186,7 +163,7 @@ def _record_seen_locked(*, op: Operation, lease_owner: str, seen: _Seen | None) 
         _to_fetching(op=op, lease_owner=lease_owner)
 
 
-def _fetch(*, op: Operation, lease_owner: str, seen: _Seen | None) -> tuple[FetchedResult | None, str | None]:
+def _fetch(*, op: Operation, lease_owner: str, seen: Seen | None) -> tuple[FetchedResult | None, str | None]:
     """The result over the wire (nothing for `cancelled`), writing nothing; or, when the fetch
     fails, the status recorded (a lost or truncated fetch leaves the row in FETCHING_RESULT) and
     then the failure, as an outcome label."""
@@ -229,7 +206,7 @@ def _store_and_accept_locked(*, op: Operation, lease_owner: str, fetched: Fetche
         return "not_fetchable"
     if not op.result_digest:
         try:
-            stored = _stored_result(
+            stored = result_stored(
                 status=op.terminal_status, fetched=fetched, status_message=op.server_status_message
             )
         except ResultRejected as exc:
@@ -247,16 +224,6 @@ def _store_and_accept_locked(*, op: Operation, lease_owner: str, fetched: Fetche
     return _accept_in_transaction(op=op)
 
 
-@dataclass(frozen=True)
-class _Seen:
-    """A terminal status just seen and not yet recorded."""
-
-    task: RemoteTask
-    from_state: State
-    observation_seq: int | None = None
-    remote_id: str | None = None
-
-
 def operation_settle_terminal(
     *, op: Operation, lease_owner: str, task: RemoteTask | None, from_state: State | None = None,
     observation_seq: int | None = None, remote_id: str | None = None,
@@ -272,7 +239,7 @@ def operation_settle_terminal(
     seen = None
     if task is not None:
         assert from_state is not None
-        seen = _Seen(task=task, from_state=from_state, observation_seq=observation_seq,
+        seen = Seen(task=task, from_state=from_state, observation_seq=observation_seq,
                      remote_id=remote_id)
         # What the fetch needs; the row gets the same values in the transaction below.
         op.terminal_status = task.status
@@ -285,19 +252,26 @@ def operation_settle_terminal(
         fetched, failed = _fetch(op=op, lease_owner=lease_owner, seen=seen)
         if failed is not None:
             return failed
+    if seen is not None:
+        # The plainest row in one statement (no transaction); anything it does not write goes on
+        # to the transaction below, which decides and records why.
+        settled = cycle_settle_one_statement(op=op, lease_owner=lease_owner, seen=seen,
+                                             fetched=fetched)
+        if settled is not None:
+            return settled
     before = copy.copy(op)  # the one write below mutates `op`; a rolled-back try starts over
     try:
         with transaction.atomic(durable=True):
             verdict = None
             if seen is not None and not op.result_digest and not op.shadow:
-                settled, verdict = _settle_in_one_write(op=op, lease_owner=lease_owner, seen=seen,
+                settled, verdict = cycle_settle_in_transaction(op=op, lease_owner=lease_owner, seen=seen,
                                                         fetched=fetched)
                 if settled is not None:
                     return settled
             _record_seen_locked(op=op, lease_owner=lease_owner, seen=seen)
             return _store_and_accept_locked(op=op, lease_owner=lease_owner, fetched=fetched,
                                             verdict=verdict)
-    except _OneWriteRefused:
+    except OneWriteRefused:
         # Acceptance refused what the one write had already made final: that transaction is
         # rolled back whole, and the step-by-step path records the status, the result and why
         # acceptance refuses (it asks the acceptance point again, which records the refusal).
@@ -305,90 +279,6 @@ def operation_settle_terminal(
         with transaction.atomic(durable=True):
             _record_seen_locked(op=op, lease_owner=lease_owner, seen=seen)
             return _store_and_accept_locked(op=op, lease_owner=lease_owner, fetched=fetched)
-
-
-class _OneWriteRefused(Exception):
-    """Acceptance refused a row the one write had already moved to its final state."""
-
-
-# Read back from the row by the one write of the common cycle, under the lock that write takes:
-# acceptance checks the claim against these, as it would against a select_for_update.
-_LOCKED_FIELDS = ("call_node_id", "request_digest", "remote_id", "descriptor_version",
-                  "execution_epoch", "tenant", "shadow", "input_round", "terminal_status",
-                  "result_digest", "result_kind")
-
-
-def _settle_in_one_write(*, op: Operation, lease_owner: str, seen: _Seen,
-                         fetched: FetchedResult | None) -> tuple[str | None, DefenseVerdict | None]:
-    """The common cycle (a terminal status just seen, its result fetched and clean): the status,
-    the result and the final state in one guarded UPDATE (one new version of the wide row, not
-    two), then acceptance against the values that UPDATE read back, which writes the receipt with
-    its outbox row (one statement), then the three events of the way there and the `accepted`
-    event in one INSERT. The same rows and events as the step-by-step path, in three statements
-    (the guarded UPDATE, the receipt with its outbox row, the events). (None, verdict) hands
-    anything else (a result that does not fit the status, or that the defense rejects) to the
-    step-by-step path, which records why; a refused acceptance raises _OneWriteRefused, so that
-    the caller rolls the final state back and records the refusal step by step.
-    """
-    task = seen.task
-    try:
-        stored = _stored_result(status=task.status, fetched=fetched,
-                                status_message=task.status_message or "")
-    except ResultRejected:
-        return None, None
-    verdict = result_defend(op=op, stored=stored, terminal_status=task.status)
-    if not verdict.ok:
-        return None, verdict
-    digest = canonical_digest(stored)
-    updates: dict[str, Any] = {
-        # The result first, as in the step-by-step store: the statement reads as the result store
-        # (the fleet's database-cut test aims at it by its text).
-        "result": stored, "result_kind": stored["kind"], "result_digest": digest,
-        "terminal_status": task.status, "server_state": task.status,
-        "server_status_message": task.status_message or "", "poll_interval_ms": task.poll_interval_ms,
-        # Final: no next poll and no lease (acceptance follows in this transaction, or it rolls
-        # back whole).
-        **schedule_cleared(),
-    }
-    if seen.remote_id is not None:
-        updates["remote_id"] = seen.remote_id
-    if seen.observation_seq is not None:
-        updates["observation_seq"] = seen.observation_seq
-    # The hops' events are written by acceptance, with `accepted`, in one INSERT.
-    hop_events: list[EventSpec] = []
-    locked = operation_transition_path(
-        operation_id=op.id, from_state=seen.from_state, execution_epoch=op.execution_epoch,
-        lease_owner=lease_owner, updates=updates, returning=_LOCKED_FIELDS, events_out=hop_events,
-        hops=[
-            Hop(to_state=State.TERMINAL_OBSERVED, event_kind="terminal_observed",
-                event_data={"status": task.status, "status_message": task.status_message,
-                            "observation_seq": seen.observation_seq}),
-            Hop(to_state=State.FETCHING_RESULT, event_kind="fetching_result"),
-            Hop(to_state=State.FETCHING_RESULT, event_kind="result_fetched",
-                event_data={"result_digest": digest, "kind": stored["kind"],
-                            "is_error": stored["is_error"]}),
-            # Acceptance writes this move's event: it names the receipt inserted below.
-            Hop(to_state=State.ACCEPTED, event_kind=None),
-        ],
-    )
-    # The claim is what this worker loaded and computed, taken before `op` becomes the locked row
-    # (what the UPDATE found), against which acceptance checks it.
-    call_node_id, request_digest = op.call_node_id, op.request_digest
-    remote_id = seen.remote_id if seen.remote_id is not None else op.remote_id
-    descriptor_version, execution_epoch = op.descriptor_version, op.execution_epoch
-    cancel_generation = op.cancel_generation
-    # Acceptance checks the row as it was before the final move (FETCHING_RESULT, digested).
-    _apply(op, {**updates, **locked, "state": State.FETCHING_RESULT})
-    try:
-        receipt = operation_accept_terminal_within(
-            operation_id=op.id, terminal_status=task.status, result_digest=digest, locked=op,
-            call_node_id=call_node_id, request_digest=request_digest, remote_id=remote_id,
-            descriptor_version=descriptor_version, execution_epoch=execution_epoch,
-            cancel_generation=cancel_generation, written_final=True, events_before=hop_events,
-        )
-    except AcceptanceRefused as exc:
-        raise _OneWriteRefused(exc.reason) from exc
-    return f"accepted:{receipt.terminal_status}", None
 
 
 def operation_fetch_and_accept(*, operation_id: uuid.UUID, lease_owner: str,
@@ -420,7 +310,7 @@ def operation_complete_sync(
             )
         except IllegalTransition:
             return "stale"
-        _apply(op, {"state": State.TERMINAL_OBSERVED, "terminal_status": status})
+        row_apply(op, {"state": State.TERMINAL_OBSERVED, "terminal_status": status})
         op.server_status_message = ""
         _to_fetching(op=op, lease_owner=lease_owner)
         outcome = _store_and_accept_locked(op=op, lease_owner=lease_owner, fetched=result)

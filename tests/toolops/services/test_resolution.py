@@ -31,8 +31,9 @@ from toolops.services import connections
 from toolops.services.dispatch import operations_claim_due
 from toolops.services.observe import operation_poll
 from toolops.services.reconcile import reconciliation_attach_remote_id
-from toolops.services.results import _store_result, _stored_result, operation_record_terminal_seen
+from toolops.services.results import _store_result, operation_record_terminal_seen
 from toolops.services.servers import server_add
+from toolops.services.settle_cycle import result_stored
 
 pytestmark = pytest.mark.django_db
 
@@ -310,7 +311,7 @@ def test_expired_with_receipt_proceeds_to_acceptance(mcp_url: str) -> None:
     adapter.close()
     op.refresh_from_db()
     assert _store_result(op=op, lease_owner=owner, terminal_status="completed",
-                         stored=_stored_result(status="completed", fetched=fetched, status_message=""))
+                         stored=result_stored(status="completed", fetched=fetched, status_message=""))
     _wait_gone(server, op.remote_id, mcp_url)
     Operation.objects.filter(id=op.id).update(lease_owner="", lease_expires_at=None,
                                               next_poll_at=timezone.now(),
