@@ -14,8 +14,9 @@ from django.utils import timezone
 from ledger.errors import IllegalTransition
 from ledger.models import Operation, OperationEvent
 from ledger.services.events import operation_record_event
+from ledger.services.guarded import operations_leases_extend
 from ledger.services.transitions import operation_transition, operation_update_guarded
-from ledger.states import State
+from ledger.states import POLLABLE, State
 from tests.concurrency import release_once_a_lock_is_awaited
 from tests.ledger.factories import OperationFactory
 from tests.plans import plan_for, plan_generic
@@ -164,3 +165,27 @@ def test_a_guarded_write_reaches_its_row_by_key_whatever_the_statistics() -> Non
         lease_owner="w1", updates={"server_state": "completed"}, event_kind="note")
     op.refresh_from_db()
     assert op.server_state == "completed"
+
+
+def test_held_leases_are_extended_only_where_still_held() -> None:
+    now = timezone.now()
+    soon, later = now + timedelta(seconds=5), now + timedelta(seconds=60)
+    held = [OperationFactory(lease_owner="w1", lease_expires_at=soon) for _ in range(2)]
+    ran_out = OperationFactory(lease_owner="w1", lease_expires_at=now - timedelta(seconds=1))
+    taken = OperationFactory(lease_owner="w2", lease_expires_at=soon)
+    waiting = OperationFactory(lease_owner="w1", lease_expires_at=soon, state=State.INPUT_REQUIRED)
+    everyone = [*held, ran_out, taken, waiting]
+    before = {op.id: (op.lease_owner, op.lease_expires_at, op.poll_attempts) for op in everyone}
+    with CaptureQueriesContext(connection) as sent:
+        extended = operations_leases_extend(ids=[op.id for op in everyone], owner="w1",
+                                            until=later, now=now, states=POLLABLE)
+    assert extended == 2
+    assert len(sent.captured_queries) == 1
+    for op in held:
+        op.refresh_from_db()
+        assert (op.lease_owner, op.lease_expires_at) == ("w1", later)
+        assert op.poll_attempts == before[op.id][2] + 1
+    for op in (ran_out, taken, waiting):  # never revived, never taken over
+        op.refresh_from_db()
+        assert (op.lease_owner, op.lease_expires_at, op.poll_attempts) == before[op.id]
+

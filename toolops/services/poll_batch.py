@@ -42,11 +42,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connections
-from django.db.models import F
 from django.utils import timezone
 
 from ledger.models import Operation
-from ledger.services.schedule import RELEASE, lease_extended
+from ledger.services.guarded import operations_leases_extend
+from ledger.services.schedule import RELEASE
 from ledger.states import POLLABLE
 from toolops.services.boundary import operation_poll_guarded, operations_load_for_poll
 from toolops.services.db_retry import exception_redacted
@@ -220,10 +220,9 @@ def operations_hold_renew(*, ids: list[uuid.UUID], owner: str) -> int:
     attempt), but only where the lease is still ours and unexpired. A row that fails this check
     is then refused by its own poll (`stale_lease`): the dispatcher owns it again."""
     now = timezone.now()
-    return Operation.objects.filter(
-        id__in=ids, lease_owner=owner, lease_expires_at__gt=now, state__in=POLLABLE,
-    ).update(**lease_extended(until=now + timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS))),
-             poll_attempts=F("poll_attempts") + 1, updated_at=now)
+    return operations_leases_extend(
+        ids=ids, owner=owner, now=now, states=POLLABLE,
+        until=now + timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS)))
 
 
 def operations_poll_batch(*, operation_ids: list[uuid.UUID], lease_owner: str) -> dict[str, int]:
