@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
-from django.db import connection
+from django.db import connection, connections
 
 from ledger.models import Operation
 from toolops.services.observe import operation_poll
@@ -27,6 +28,34 @@ def poll_in_thread(op: Operation, owner: str, out: list[str]) -> threading.Threa
     thread = threading.Thread(target=run)
     thread.start()
     return thread
+
+
+def race_at_once(n: int, target: Callable[[], Any]) -> tuple[list[Any], list[BaseException]]:
+    """Run `target` in n threads released at once; each thread has its own DB connection.
+    Returns what the threads returned and what they raised."""
+    barrier = threading.Barrier(n)
+    results: list[Any] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        try:
+            barrier.wait(timeout=10)
+            value = target()
+            with lock:
+                results.append(value)
+        except BaseException as exc:  # collected and asserted on by the caller
+            with lock:
+                errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return results, errors
 
 
 def wait_for_lock_waiter(*, timeout_s: float = 10.0) -> bool:

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import IntegrityError, connection, connections, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from ledger.errors import AcceptanceRefused
 from ledger.models import InputRequest, Operation, OperationEvent, OutboxEvent, TerminalReceipt
 from ledger.services.acceptance import operation_accept_terminal
 from ledger.states import State
+from tests.concurrency import race_at_once
 from tests.ledger.factories import OperationFactory
 
 RESULT = {"kind": "result", "payload": {"content": [{"type": "text", "text": "ok"}]},
@@ -129,39 +128,12 @@ def test_confirmed_cancel_is_accepted_without_success_payload() -> None:
     assert receipt.payload is None and receipt.terminal_status == "cancelled"
 
 
-def _race(n: int, target: Callable[[], Any]) -> tuple[list[Any], list[BaseException]]:
-    """Run `target` in n threads released at once; each thread has its own DB connection."""
-    barrier = threading.Barrier(n)
-    results: list[Any] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def run() -> None:
-        try:
-            barrier.wait(timeout=10)
-            value = target()
-            with lock:
-                results.append(value)
-        except BaseException as exc:  # collected and asserted on by the caller
-            with lock:
-                errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=run) for _ in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return results, errors
-
-
 @pytest.mark.django_db(transaction=True)
 def test_eight_threads_accepting_at_once_yield_one_receipt() -> None:
     assert connection.vendor == "postgresql", "the race test needs real row locks"
     op = _fetched_op()
     claim = _claim(op)
-    results, errors = _race(8, lambda: operation_accept_terminal(**claim))
+    results, errors = race_at_once(8, lambda: operation_accept_terminal(**claim))
     assert len(results) == 1, errors
     assert len(errors) == 7 and all(isinstance(e, AcceptanceRefused) for e in errors), errors
     assert TerminalReceipt.objects.filter(call_node_id=op.call_node_id).count() == 1
@@ -176,7 +148,7 @@ def test_eight_threads_with_mismatched_claims_are_all_refused(field: str, value:
     assert connection.vendor == "postgresql"
     op = _fetched_op()
     claim = _claim(op, **{field: value})
-    results, errors = _race(8, lambda: operation_accept_terminal(**claim))
+    results, errors = race_at_once(8, lambda: operation_accept_terminal(**claim))
     assert results == []
     assert len(errors) == 8 and all(isinstance(e, AcceptanceRefused) for e in errors)
     assert not TerminalReceipt.objects.exists() and not OutboxEvent.objects.exists()

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from ledger.models import Operation, OperationEvent, OutboxEvent, TerminalReceipt
@@ -16,6 +15,7 @@ from ledger.services.events import EventSpec, event_append_locked
 from ledger.services.schedule import schedule_cleared
 from ledger.services.settle import operation_settle_accept_one_statement
 from ledger.states import State
+from tests.concurrency import wait_for_lock_waiter
 from tests.ledger.factories import OperationFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -105,16 +105,7 @@ def test_an_event_the_lock_holder_appended_meanwhile_refuses_the_statement() -> 
     assert locked.wait(timeout=30)
     second = threading.Thread(target=settler)
     second.start()
-    deadline = time.monotonic() + 30
-    with connection.cursor() as cursor:  # the settler waits for the row's lock
-        while time.monotonic() < deadline:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                           "AND datname = current_database()")
-            if cursor.fetchone()[0]:
-                break
-            time.sleep(0.02)
-        else:
-            pytest.fail("the settler never waited for the row's lock")
+    assert wait_for_lock_waiter(timeout_s=30), "the settler never waited for the row's lock"
     release.set()
     first.join(timeout=30)
     second.join(timeout=30)

@@ -25,6 +25,7 @@ from ledger.models import (
 )
 from ledger.selectors import operation_snapshot
 from ledger.states import State
+from tests.concurrency import race_at_once
 from tests.toolops.helpers import submit_tool_call
 from toolops.runner import run_embedded
 from toolops.services import connections as connections_service
@@ -317,28 +318,15 @@ def test_cancel_command_prints_the_operation(server: ToolServer) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_cancels_bump_the_generation_once(server: ToolServer) -> None:
-    import threading
-
-    from django.db import connection
-
     op = submit_tool_call(server, "sleep_then_complete", "c-race", seconds=5, value="v")
-    barrier = threading.Barrier(4)
-    outcomes: list[str] = []
-
-    def cancel() -> None:
+    def cancel() -> str:
         try:
-            barrier.wait()
-            outcomes.append(operation_cancel(operation_id=op.id))
+            return operation_cancel(operation_id=op.id)
         except CancelRefused as exc:
-            outcomes.append(f"refused:{exc}")
-        finally:
-            connection.close()
+            return f"refused:{exc}"
 
-    threads = [threading.Thread(target=cancel) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    outcomes, errors = race_at_once(4, cancel)
+    assert not errors, errors
     assert sorted(o.split(":")[0] for o in outcomes) == ["accepted", "refused", "refused", "refused"]
     op.refresh_from_db()
     assert op.state == State.CANCELLED_ACCEPTED and op.cancel_generation == 1

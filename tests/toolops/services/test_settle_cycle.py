@@ -3,18 +3,18 @@ the same rows either way. Against PostgreSQL, with real commits and real threads
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from adapters.base import FetchedResult, RemoteTask
 from ledger.models import Operation, OperationEvent, OutboxEvent, TerminalReceipt
 from ledger.states import State
+from tests.concurrency import race_at_once
 from tests.ledger.factories import OperationFactory
 from toolops.services.settle_cycle import (
     Seen,
@@ -159,23 +159,13 @@ def test_two_workers_settling_one_row_at_once_write_one_receipt() -> None:
     # statement on its own connection at the same moment; the row's lock lets one through, and
     # the other's guards then fail on the row it waited for.
     op = _leased()
-    start = threading.Barrier(2)
-    outcomes: list[str | None] = []
+    def settle() -> str | None:
+        mine = Operation.objects.get(id=op.id)
+        return cycle_settle_one_statement(op=mine, lease_owner=OWNER, seen=_seen(mine),
+                                          fetched=FETCHED)
 
-    def settle() -> None:
-        try:
-            mine = Operation.objects.get(id=op.id)
-            start.wait()
-            outcomes.append(cycle_settle_one_statement(op=mine, lease_owner=OWNER,
-                                                       seen=_seen(mine), fetched=FETCHED))
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=settle) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
+    outcomes, errors = race_at_once(2, settle)
+    assert not errors, errors
     assert sorted(map(str, outcomes)) == ["None", "accepted:completed"]
     assert TerminalReceipt.objects.filter(operation_id=op.id).count() == 1
     assert OutboxEvent.objects.count() == 1
