@@ -2,9 +2,10 @@
 
 When the result comes back in the cycle that saw the terminal status, the terminal answer, the
 stored result, the receipt and the outbox row are written in ONE durable transaction (after the
-fetch, never around it): a crash before it leaves the row as it was, under a lease that expires,
-and the next claim sees the same terminal status again. Nothing is stored that acceptance could
-then fail to follow in a second transaction.
+fetch, never around it), or for the plainest row in one statement (toolops.services.settle_cycle):
+a crash before it leaves the row as it was, under a lease that expires, and the next claim sees
+the same terminal status again. Nothing is stored that acceptance could then fail to follow in a
+second transaction.
 
 `completed` and `failed` are never accepted on the strength of a status alone: the result is
 fetched (`tasks/result` or the synchronous answer), checked to belong to this task and to be
