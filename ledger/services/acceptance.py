@@ -1,6 +1,8 @@
 """The one acceptance point: `operation_accept_terminal`.
 
-It is the only code that writes a TerminalReceipt or an OutboxEvent. It runs in a durable
+It and its one-statement form (ledger.services.acceptance_one_statement, the same checks as
+guards of the row's UPDATE) are the only code that writes a TerminalReceipt or an OutboxEvent
+(tests/ledger/test_acceptance.py scans the source for any other writer). It runs in a durable
 transaction (never nested inside a caller's), locks the operation row first (lock order: the
 operation row, then the receipt and outbox inserts), re-checks every identity field against the
 locked row, and only then writes the receipt, exactly one outbox row and the final state. The

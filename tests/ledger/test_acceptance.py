@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -298,3 +300,61 @@ def test_events_left_for_acceptance_are_refused_unless_it_writes_the_final_event
         operation_accept_terminal_within(**_claim(op), events_before=[EventSpec(kind="lost")])
     assert not TerminalReceipt.objects.filter(operation=op).exists()
     assert not OperationEvent.objects.filter(operation=op).exists()
+
+
+# The acceptance point's modules: nothing else may create a receipt or an outbox row.
+_ACCEPTANCE = {Path("ledger/services/acceptance.py"), Path("ledger/services/acceptance_one_statement.py")}
+_WRITTEN_ONLY_THERE = frozenset({"TerminalReceipt", "OutboxEvent"})
+_CREATES = frozenset({"create", "bulk_create", "get_or_create", "update_or_create"})
+
+
+def _receipt_writes(source: str) -> list[int]:
+    """Lines in `source` that build a receipt or outbox row (the model called), create one
+    through its manager, or name its table (what a raw INSERT is spelled from)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in _WRITTEN_ONLY_THERE:
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Attribute) and node.attr in {*_CREATES, "db_table"}:
+            base = node.value  # Model.objects.create, Model._meta.db_table
+            if isinstance(base, ast.Attribute) and base.attr in {"objects", "_meta"}:
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in _WRITTEN_ONLY_THERE:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_no_module_but_the_acceptance_point_writes_a_receipt_or_an_outbox_row() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    offenders = []
+    for package in ("ledger", "toolops", "adapters", "config"):
+        for path in sorted((repo / package).rglob("*.py")):
+            rel = path.relative_to(repo)
+            if "migrations" in rel.parts or rel in _ACCEPTANCE or rel.parts[:2] == ("ledger", "models"):
+                continue
+            offenders += [f"{rel}:{line}" for line in _receipt_writes(path.read_text())]
+    assert not offenders, "receipts and outbox rows are written by the acceptance point only:\n" \
+        + "\n".join(offenders)
+    # The scan sees the writers it allows.
+    assert all(_receipt_writes((repo / rel).read_text()) for rel in _ACCEPTANCE)
+
+
+@pytest.mark.parametrize("snippet", [
+    "TerminalReceipt.objects.create(operation=op)",
+    "OutboxEvent(receipt=r, payload={})",
+    "OutboxEvent.objects.bulk_create(rows)",
+    'f"INSERT INTO {qn(TerminalReceipt._meta.db_table)} VALUES (%s)"',
+])
+def test_the_receipt_scan_flags_a_planted_writer(snippet: str) -> None:
+    assert _receipt_writes(snippet), snippet
+
+
+@pytest.mark.parametrize("snippet", [
+    "TerminalReceipt.objects.filter(operation=op).first()",
+    "OutboxEvent.objects.filter(id=1).update(published_at=now)",
+    "receipt.payload",
+    "[f.attname for f in TerminalReceipt._meta.concrete_fields]",
+])
+def test_the_receipt_scan_leaves_reads_and_the_relay_alone(snippet: str) -> None:
+    assert not _receipt_writes(snippet), snippet

@@ -3,7 +3,7 @@
 Two ways to write it, tried in this order by toolops.services.results:
 
 - `cycle_settle_one_statement`: outside any transaction, one statement
-  (ledger.services.settle) writes the status, the result, the final state, the receipt, its
+  (ledger.services.acceptance_one_statement) writes the status, the result, the final state, the receipt, its
   outbox row and the events of the way there. The identity checks acceptance makes against the
   locked row are guards of that statement's UPDATE. Taken for the plainest row (task mode, no
   shadow, no input round, no cancel request, a completed or failed status): everything else,
@@ -26,9 +26,9 @@ from ledger.digests import canonical_digest
 from ledger.errors import AcceptanceRefused
 from ledger.models import Operation
 from ledger.services.acceptance import operation_accept_terminal_within
+from ledger.services.acceptance_one_statement import operation_accept_terminal_one_statement
 from ledger.services.events import EventSpec
 from ledger.services.schedule import schedule_cleared
-from ledger.services.settle import operation_settle_accept_one_statement
 from ledger.services.terminal import operation_final_mirror
 from ledger.services.transitions import Hop, operation_path_checked, operation_transition_path
 from ledger.states import State, TerminalStatus
@@ -156,7 +156,7 @@ def cycle_settle_one_statement(*, op: Operation, lease_owner: str, seen: Seen,
     }
     if "remote_id" not in plan.updates:
         guards["remote_id"] = op.remote_id
-    receipt_id = operation_settle_accept_one_statement(
+    receipt_id = operation_accept_terminal_one_statement(
         operation_id=op.id, guards=guards, fields=fields, events=events, accepted_data={})
     if receipt_id is None:
         return None

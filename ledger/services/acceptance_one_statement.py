@@ -1,5 +1,6 @@
-"""The common end of a poll cycle in ONE statement: the terminal answer with its fetched result,
-the final state, the receipt, its outbox row and the events of the way there.
+"""The acceptance point's one-statement form, for the common end of a poll cycle: the terminal
+answer with its fetched result, the final state, the receipt, its outbox row and the events of
+the way there, in ONE statement.
 
 The step-by-step acceptance (ledger.services.acceptance) locks the row, checks every identity
 field against it in Python and then inserts; in the common cycle that is a transaction of four
@@ -39,7 +40,7 @@ from ledger.services.inserts import one_statement_pair
 from ledger.statements import statement_spelled
 from ledger.values import value_for_db
 
-logger = logging.getLogger("ledger.settle")
+logger = logging.getLogger("ledger.acceptance")
 
 # The receipt's columns, each read from the UPDATE's RETURNING (the row as written, under its
 # lock). `payload` is the stored result; `audit` and `accepted_at` are the statement's own values.
@@ -67,13 +68,13 @@ def _columns_checked() -> None:
     """The spelling below names every column of the three rows; a model change must show here."""
     receipt = {f.attname for f in TerminalReceipt._meta.concrete_fields} - {"id"}
     if receipt != {*_RECEIPT_FROM_ROW, *_RECEIPT_OWN}:
-        raise RuntimeError("the receipt model's columns changed: update ledger.services.settle")
+        raise RuntimeError("the receipt model's columns changed: update this module")
     events = {f.attname for f in event_columns()}
     if events != {*_EVENT_FROM_ROW, *_EVENT_OWN, "created_at"}:
-        raise RuntimeError("the event model's columns changed: update ledger.services.settle")
+        raise RuntimeError("the event model's columns changed: update this module")
 
 
-def operation_settle_accept_one_statement(
+def operation_accept_terminal_one_statement(
     *,
     operation_id: uuid.UUID,
     guards: Mapping[str, Any],
@@ -129,7 +130,7 @@ def operation_settle_accept_one_statement(
         own_order = [f.attname for f in TerminalReceipt._meta.concrete_fields
                      if f.attname in _RECEIPT_OWN]
         if own_order != list(_RECEIPT_OWN):
-            raise RuntimeError("the receipt's own columns changed order: update ledger.services.settle")
+            raise RuntimeError("the receipt's own columns changed order: update this module")
         payload = ", ".join(f"'{key}', u.{qn(col)}" for key, col in _OUTBOX_FROM_ROW.items())
         outbox_sql = (
             f"INSERT INTO {qn(OutboxEvent._meta.db_table)} ({qn('receipt_id')}, {qn('payload')}, "
@@ -158,7 +159,7 @@ def operation_settle_accept_one_statement(
             f"RETURNING {qn('id')}), "
             f"o AS ({outbox_sql}), e AS ({events_sql}) SELECT {qn('receipt_id')} FROM o")
 
-    sql = statement_spelled(site="settle_accept_one_statement",
+    sql = statement_spelled(site="accept_terminal_one_statement",
                             shape=(connection.alias, update_sql, last), spell=spell)
     try:
         with connection.cursor() as cursor:

@@ -1,4 +1,5 @@
-"""The one-statement settle: what it refuses, including a real race on the row's lock."""
+"""The acceptance point in one statement: what it writes and what it refuses, including a real
+race on the row's lock."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from ledger.models import Operation, OperationEvent, OutboxEvent, TerminalReceipt
+from ledger.services.acceptance_one_statement import operation_accept_terminal_one_statement
 from ledger.services.events import EventSpec, event_append_locked
 from ledger.services.schedule import schedule_cleared
-from ledger.services.settle import operation_settle_accept_one_statement
 from ledger.states import State
 from tests.concurrency import wait_for_lock_waiter
 from tests.ledger.factories import OperationFactory
@@ -35,7 +36,7 @@ def _settle(op: Operation, *, events: list[EventSpec] | None = None) -> int | No
                               "state": State.ACCEPTED, "updated_at": timezone.now()}
     guards = {"id": op.id, "state": State.FETCHING_RESULT, "execution_epoch": op.execution_epoch,
               "lease_owner": OWNER}
-    return operation_settle_accept_one_statement(
+    return operation_accept_terminal_one_statement(
         operation_id=op.id, guards=guards, fields=fields, accepted_data={"why": "test"},
         events=events if events is not None else [
             EventSpec(kind="result_fetched", from_state=State.FETCHING_RESULT,
