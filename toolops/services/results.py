@@ -44,6 +44,7 @@ from toolops.services.settle_cycle import (
     OneWriteRefused,
     ResultRejected,
     Seen,
+    cycle_plan,
     cycle_settle_in_transaction,
     cycle_settle_one_statement,
     result_stored,
@@ -253,22 +254,22 @@ def operation_settle_terminal(
         fetched, failed = _fetch(op=op, lease_owner=lease_owner, seen=seen)
         if failed is not None:
             return failed
-    if seen is not None:
-        # The plainest row in one statement (no transaction); anything it does not write goes on
-        # to the transaction below, which decides and records why.
-        settled = cycle_settle_one_statement(op=op, lease_owner=lease_owner, seen=seen,
-                                             fetched=fetched)
-        if settled is not None:
-            return settled
+    plan = verdict = None
+    if seen is not None and not op.result_digest and not op.shadow:
+        # The common cycle's write, made once: tried in one statement for the plainest row (no
+        # transaction), then in the transaction below, which decides and records why.
+        plan, verdict = cycle_plan(op=op, seen=seen, fetched=fetched)
+        if plan is not None:
+            settled = cycle_settle_one_statement(op=op, lease_owner=lease_owner, seen=seen,
+                                                 plan=plan)
+            if settled is not None:
+                return settled
     before = copy.copy(op)  # the one write below mutates `op`; a rolled-back try starts over
     try:
         with transaction.atomic(durable=True):
-            verdict = None
-            if seen is not None and not op.result_digest and not op.shadow:
-                settled, verdict = cycle_settle_in_transaction(op=op, lease_owner=lease_owner, seen=seen,
-                                                        fetched=fetched)
-                if settled is not None:
-                    return settled
+            if seen is not None and plan is not None:
+                return cycle_settle_in_transaction(op=op, lease_owner=lease_owner, seen=seen,
+                                                   plan=plan)
             _record_seen_locked(op=op, lease_owner=lease_owner, seen=seen)
             return _store_and_accept_locked(op=op, lease_owner=lease_owner, fetched=fetched,
                                             verdict=verdict)

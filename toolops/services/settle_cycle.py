@@ -78,7 +78,7 @@ def row_apply(op: Operation, fields: dict[str, Any]) -> None:
 
 
 @dataclass(frozen=True)
-class _Plan:
+class CyclePlan:
     """What the common cycle writes: the row's fields and the hops of its way to ACCEPTED."""
 
     updates: dict[str, Any]
@@ -86,10 +86,11 @@ class _Plan:
     digest: str
 
 
-def _plan(*, op: Operation, seen: Seen,
-          fetched: FetchedResult | None) -> tuple[_Plan | None, DefenseVerdict | None]:
-    """The write, or (None, verdict) for a result that does not fit the status (None) or that
-    the defense rejects (its verdict): the step-by-step path records why."""
+def cycle_plan(*, op: Operation, seen: Seen,
+               fetched: FetchedResult | None) -> tuple[CyclePlan | None, DefenseVerdict | None]:
+    """The write, made once for both ways; or (None, verdict) for a result that does not fit
+    the status (None) or that the defense rejects (its verdict): the step-by-step path records
+    why."""
     task = seen.task
     try:
         stored = result_stored(status=task.status, fetched=fetched,
@@ -124,22 +125,19 @@ def _plan(*, op: Operation, seen: Seen,
         # Acceptance writes this move's event: it names the receipt.
         Hop(to_state=State.ACCEPTED, event_kind=None),
     ]
-    return _Plan(updates=updates, hops=hops, digest=digest), None
+    return CyclePlan(updates=updates, hops=hops, digest=digest), None
 
 
 def cycle_settle_one_statement(*, op: Operation, lease_owner: str, seen: Seen,
-                               fetched: FetchedResult | None) -> str | None:
+                               plan: CyclePlan) -> str | None:
     """The common cycle in one statement, outside any transaction: the outcome label, or None
-    when nothing was written (the row is not the plainest kind, the result needs the defense's
-    record, or the statement refused: a guard, a taken receipt slot, a missed event)."""
+    when nothing was written (the row is not the plainest kind, or the statement refused: a
+    guard, a taken receipt slot, a missed event)."""
     task = seen.task
     if (op.shadow or op.input_round or op.execution_mode == "sync" or op.cancel_generation
             or op.result_digest or task.status == TerminalStatus.CANCELLED):
         # A cancel request adds its figures to `accepted`, a round is withdrawn, a shadow or a
         # synchronous call is compared: acceptance's own steps, taken in the transaction.
-        return None
-    plan, _verdict = _plan(op=op, seen=seen, fetched=fetched)
-    if plan is None:
         return None
     final_state, events = operation_path_checked(from_state=seen.from_state, hops=plan.hops)
     events.append(EventSpec(kind="accepted", from_state=State.FETCHING_RESULT, to_state=final_state,
@@ -173,18 +171,14 @@ _LOCKED_FIELDS = ("call_node_id", "request_digest", "remote_id", "descriptor_ver
 
 
 def cycle_settle_in_transaction(*, op: Operation, lease_owner: str, seen: Seen,
-                                fetched: FetchedResult | None) -> tuple[str | None, DefenseVerdict | None]:
+                                plan: CyclePlan) -> str:
     """The common cycle inside the caller's transaction: the status, the result and the final
     state in one guarded UPDATE (one new version of the wide row, not two), then acceptance
     against the values that UPDATE read back, which writes the receipt with its outbox row, the
-    three events of the way there and the `accepted` event in one statement. (None, verdict)
-    hands anything else (a result that does not fit the status, or that the defense rejects) to
-    the step-by-step path, which records why; a refused acceptance raises OneWriteRefused, so
-    that the caller rolls the final state back and records the refusal step by step.
+    three events of the way there and the `accepted` event in one statement. Raises
+    IllegalTransition when the UPDATE matches nothing, and OneWriteRefused when acceptance
+    refuses, so that the caller rolls the final state back and records the refusal step by step.
     """
-    plan, verdict = _plan(op=op, seen=seen, fetched=fetched)
-    if plan is None:
-        return None, verdict
     task = seen.task
     # The hops' events are written by acceptance, with `accepted`, in one INSERT.
     hop_events: list[EventSpec] = []
@@ -210,4 +204,4 @@ def cycle_settle_in_transaction(*, op: Operation, lease_owner: str, seen: Seen,
         )
     except AcceptanceRefused as exc:
         raise OneWriteRefused(exc.reason) from exc
-    return f"accepted:{receipt.terminal_status}", None
+    return f"accepted:{receipt.terminal_status}"

@@ -17,7 +17,9 @@ from ledger.states import State
 from tests.concurrency import race_at_once
 from tests.ledger.factories import OperationFactory
 from toolops.services.settle_cycle import (
+    CyclePlan,
     Seen,
+    cycle_plan,
     cycle_settle_in_transaction,
     cycle_settle_one_statement,
 )
@@ -40,6 +42,17 @@ def _seen(op: Operation, status: str = "completed") -> Seen:
     task = RemoteTask(remote_id=op.remote_id, status=status, status_message="done",
                       poll_interval_ms=500, ttl_ms=60_000, created_at=None, raw={})
     return Seen(task=task, from_state=State.WORKING, observation_seq=3)
+
+
+def _plan(op: Operation, seen: Seen) -> CyclePlan:
+    plan, verdict = cycle_plan(op=op, seen=seen, fetched=FETCHED)
+    assert plan is not None, verdict
+    return plan
+
+
+def _one_statement(op: Operation, status: str = "completed") -> str | None:
+    seen = _seen(op, status)
+    return cycle_settle_one_statement(op=op, lease_owner=OWNER, seen=seen, plan=_plan(op, seen))
 
 
 def _written(op: Operation) -> dict[str, Any]:
@@ -70,15 +83,15 @@ def test_the_one_statement_writes_what_the_transaction_writes() -> None:
     one = _leased()
     other = _leased(server=one.server)
     with CaptureQueriesContext(connection) as sent:
-        outcome = cycle_settle_one_statement(op=one, lease_owner=OWNER, seen=_seen(one),
-                                             fetched=FETCHED)
+        outcome = _one_statement(one)
     assert outcome == "accepted:completed"
     # One statement, no BEGIN or COMMIT around it.
     assert len(sent.captured_queries) == 1, [q["sql"][:80] for q in sent.captured_queries]
     assert one.state == State.ACCEPTED and one.lease_owner == ""
     with transaction.atomic(durable=True):
-        assert cycle_settle_in_transaction(op=other, lease_owner=OWNER, seen=_seen(other),
-                                           fetched=FETCHED) == ("accepted:completed", None)
+        seen = _seen(other)
+        assert cycle_settle_in_transaction(op=other, lease_owner=OWNER, seen=seen,
+                                           plan=_plan(other, seen)) == "accepted:completed"
     written_one, written_other = _written(one), _written(other)
     for part in ("row", "receipt", "outbox"):
         differ = {name: (value, written_other[part][name])
@@ -104,8 +117,7 @@ def test_a_row_that_is_not_the_claim_is_left_as_it_was(field: str, value: Any) -
     Operation.objects.filter(id=op.id).update(**{field: value})
     before = Operation.objects.filter(id=op.id).values().get()
     events = OperationEvent.objects.filter(operation_id=op.id).count()
-    assert cycle_settle_one_statement(op=loaded, lease_owner=OWNER, seen=_seen(loaded),
-                                      fetched=FETCHED) is None
+    assert _one_statement(loaded) is None
     assert Operation.objects.filter(id=op.id).values().get() == before
     assert OperationEvent.objects.filter(operation_id=op.id).count() == events
     assert not TerminalReceipt.objects.filter(operation_id=op.id).exists()
@@ -124,8 +136,7 @@ def test_a_taken_receipt_slot_refuses_the_whole_statement() -> None:
         request_digest=op.request_digest, remote_id="", descriptor_version=op.descriptor_version,
         cancel_generation=0, result_digest="")
     before = Operation.objects.filter(id=op.id).values().get()
-    assert cycle_settle_one_statement(op=op, lease_owner=OWNER, seen=_seen(op),
-                                      fetched=FETCHED) is None
+    assert _one_statement(op) is None
     assert Operation.objects.filter(id=op.id).values().get() == before
     assert not OperationEvent.objects.filter(operation_id=op.id, kind="accepted").exists()
     assert not OutboxEvent.objects.exists()
@@ -141,16 +152,14 @@ def test_rows_with_more_to_accept_are_left_to_the_transaction(overrides: dict[st
                                                               status: str) -> None:
     op = _leased(**overrides)
     with CaptureQueriesContext(connection) as sent:
-        assert cycle_settle_one_statement(op=op, lease_owner=OWNER, seen=_seen(op, status),
-                                          fetched=FETCHED) is None
+        assert _one_statement(op, status) is None
     assert sent.captured_queries == []
 
 
 def test_inside_a_transaction_it_writes_nothing_and_says_so() -> None:
     op = _leased()
     with transaction.atomic():
-        assert cycle_settle_one_statement(op=op, lease_owner=OWNER, seen=_seen(op),
-                                          fetched=FETCHED) is None
+        assert _one_statement(op) is None
     assert Operation.objects.get(id=op.id).state == State.WORKING
 
 
@@ -161,8 +170,7 @@ def test_two_workers_settling_one_row_at_once_write_one_receipt() -> None:
     op = _leased()
     def settle() -> str | None:
         mine = Operation.objects.get(id=op.id)
-        return cycle_settle_one_statement(op=mine, lease_owner=OWNER, seen=_seen(mine),
-                                          fetched=FETCHED)
+        return _one_statement(mine)
 
     outcomes, errors = race_at_once(2, settle)
     assert not errors, errors
