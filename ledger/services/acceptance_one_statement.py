@@ -77,27 +77,48 @@ def _columns_checked() -> None:
 def operation_accept_terminal_one_statement(
     *,
     operation_id: uuid.UUID,
-    guards: Mapping[str, Any],
+    from_state: str,
+    lease_owner: str,
+    execution_epoch: int,
+    cancel_generation: int,
+    call_node_id: str,
+    request_digest: str,
+    remote_id: str,
+    descriptor_version: str,
+    execution_mode: str,
     fields: Mapping[str, Any],
     events: Sequence[EventSpec],
     accepted_data: Mapping[str, Any],
 ) -> int | None:
-    """Write `fields` (the final state among them) to the row `guards` match, with its receipt,
-    its one outbox row, `events` and the `accepted` event (whose data gets the receipt's key as
-    `receipt_id`): the receipt's key, or None when nothing was written (see the module docstring).
+    """Write `fields` (the final state among them) to the row, with its receipt, its one outbox
+    row, `events` and the `accepted` event (whose data gets the receipt's key as `receipt_id`):
+    the receipt's key, or None when nothing was written (see the module docstring).
 
-    `guards` holds the row's key and every value the claim rests on (state, epoch, lease, cancel
-    generation, identity fields); `events[-1]` is the `accepted` event, `accepted_data` merged in.
-    The caller decides the way (operation_transition_path's hops, checked against the state
-    table) and that the row is a task-mode, non-shadow call without input rounds, whose
-    acceptance writes nothing but these rows.
+    The row must still be as the claim says: in `from_state` under `lease_owner`'s lease, and
+    every field the step-by-step acceptance checks against the locked row (epoch, cancel
+    generation, call node, request digest, remote id unless `fields` writes it, descriptor
+    version) equal to the claim's; it must be a non-shadow row of `execution_mode` without input
+    rounds, whose acceptance writes nothing but these rows. `events[-1]` is the `accepted`
+    event, `accepted_data` merged in. The caller decides the way (operation_transition_path's
+    hops, checked against the state table).
     """
+    # Acceptance's identity checks, as guards of the UPDATE: they hold for the row under the
+    # lock that UPDATE takes, as they would against a select_for_update.
+    guards: dict[str, Any] = {
+        "id": operation_id, "state": from_state, "execution_epoch": execution_epoch,
+        "lease_owner": lease_owner, "cancel_generation": cancel_generation,
+        "call_node_id": call_node_id, "request_digest": request_digest,
+        "descriptor_version": descriptor_version, "shadow": False, "input_round": 0,
+        "execution_mode": execution_mode,
+    }
+    if "remote_id" not in fields:
+        guards["remote_id"] = remote_id
     connection = one_statement_pair(TerminalReceipt, OutboxEvent)
     if (connection is None or connection.in_atomic_block or not connection.get_autocommit()
             or not guarded_update_direct(guards=guards, fields=fields)):
         return None
-    if "id" not in guards or not events or events[-1].kind != "accepted":
-        raise ValueError("one row by its key, with the accepted event last")
+    if not events or events[-1].kind != "accepted":
+        raise ValueError("the accepted event comes last")
     update_sql, params = guarded_update_statement(connection=connection, guards=guards,
                                                   fields=fields, returning=_RETURNING)
     now = fields["updated_at"]

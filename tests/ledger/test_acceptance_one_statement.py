@@ -34,10 +34,12 @@ def _settle(op: Operation, *, events: list[EventSpec] | None = None) -> int | No
     fields: dict[str, Any] = {"result": RESULT, "result_kind": "result", "result_digest": "sha256:r",
                               "server_state": "completed", **schedule_cleared(),
                               "state": State.ACCEPTED, "updated_at": timezone.now()}
-    guards = {"id": op.id, "state": State.FETCHING_RESULT, "execution_epoch": op.execution_epoch,
-              "lease_owner": OWNER}
     return operation_accept_terminal_one_statement(
-        operation_id=op.id, guards=guards, fields=fields, accepted_data={"why": "test"},
+        operation_id=op.id, from_state=State.FETCHING_RESULT, lease_owner=OWNER,
+        execution_epoch=op.execution_epoch, cancel_generation=op.cancel_generation,
+        call_node_id=op.call_node_id, request_digest=op.request_digest, remote_id=op.remote_id,
+        descriptor_version=op.descriptor_version, execution_mode=op.execution_mode,
+        fields=fields, accepted_data={"why": "test"},
         events=events if events is not None else [
             EventSpec(kind="result_fetched", from_state=State.FETCHING_RESULT,
                       to_state=State.FETCHING_RESULT, data={"result_digest": "sha256:r"}),

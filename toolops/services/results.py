@@ -234,9 +234,9 @@ def operation_settle_terminal(
 
     `task` is a terminal status just seen from `from_state` and not yet recorded, or None when the
     row already records it (TERMINAL_OBSERVED, FETCHING_RESULT). The fetch comes first and writes
-    nothing; then one durable transaction records the status, the result, the receipt and the
-    outbox row. Raises IllegalTransition when recording the status is refused (the caller decides
-    why: a moved epoch, a cancel that won).
+    nothing; then one statement (the plainest row) or one durable transaction records the
+    status, the result, the receipt and the outbox row. Raises IllegalTransition when recording
+    the status is refused (the caller decides why: a moved epoch, a cancel that won).
     """
     seen = None
     if task is not None:

@@ -143,19 +143,13 @@ def cycle_settle_one_statement(*, op: Operation, lease_owner: str, seen: Seen,
     events.append(EventSpec(kind="accepted", from_state=State.FETCHING_RESULT, to_state=final_state,
                             data={"terminal_status": task.status}))
     fields = {**plan.updates, "state": final_state, "updated_at": timezone.now()}
-    # Every field acceptance checks against the locked row is a guard here, with the values
-    # the claim rests on (what this worker loaded); a remote id this cycle writes is its own.
-    guards: dict[str, Any] = {
-        "id": op.id, "state": seen.from_state, "execution_epoch": op.execution_epoch,
-        "lease_owner": lease_owner, "cancel_generation": op.cancel_generation,
-        "call_node_id": op.call_node_id, "request_digest": op.request_digest,
-        "descriptor_version": op.descriptor_version, "shadow": False, "input_round": 0,
-        "execution_mode": op.execution_mode,
-    }
-    if "remote_id" not in plan.updates:
-        guards["remote_id"] = op.remote_id
+    # The claim is what this worker loaded; the ledger holds the row to it in the statement.
     receipt_id = operation_accept_terminal_one_statement(
-        operation_id=op.id, guards=guards, fields=fields, events=events, accepted_data={})
+        operation_id=op.id, from_state=seen.from_state, lease_owner=lease_owner,
+        execution_epoch=op.execution_epoch, cancel_generation=op.cancel_generation,
+        call_node_id=op.call_node_id, request_digest=op.request_digest, remote_id=op.remote_id,
+        descriptor_version=op.descriptor_version, execution_mode=op.execution_mode,
+        fields=fields, events=events, accepted_data={})
     if receipt_id is None:
         return None
     row_apply(op, plan.updates)
