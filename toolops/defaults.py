@@ -97,6 +97,11 @@ TOOLOPS_QPS_REDIS_URL = env_str("TOOLOPS_QPS_REDIS_URL", "")
 # Bucket capacity. 1 spaces requests 1/qps apart, so no one-second window exceeds the cap; a larger
 # burst lets a second see up to burst-1 more requests than the configured QPS.
 TOOLOPS_QPS_BURST = env_float("TOOLOPS_QPS_BURST", 1.0)
+# Most grants one take of the fleet bucket brings back for its process (toolops/qps_redis.py,
+# "prefetched grants"): only at caps of 1,000/s and more, never past the process's own demand in
+# the last send deadline. 8 already turns a Redis round trip per request into one per several;
+# more would only leave more grants unused when a process slows down. 1 turns it off.
+TOOLOPS_QPS_PREFETCH = env_int("TOOLOPS_QPS_PREFETCH", 8)
 # The cap holds at the server's door (toolops/qps.py): a grant older than the send deadline when
 # its request is about to leave is not used, and grants are spaced so that the allowance (>= the
 # deadline plus the gate-to-server latency) still keeps every sliding second at the cap.

@@ -19,6 +19,16 @@ requests granted `1/r` apart can arrive closer than that. Two rules close the ga
   `n * (1 + A) / n - (D + e) >= 1` second: no sliding one-second window at the server holds more
   than `n`, i.e. the configured cap. The price is a rate `A` (10%) below the cap.
 
+The horizon: at high caps a grant may come up to `H` (PREFETCH_HORIZON_SECONDS, 1 ms) before its
+even slot. The bucket's capacity is `max(burst, 1 + floor(r * H))`: 1 below 1,000 grants a second,
+so nothing changes there, and above it the bucket holds the grants of the next millisecond. A
+request then arrives within `[slot - H, slot + D + e]`, so the allowance must cover `D + e + H`
+(wire_allowance_seconds never returns less than `D + H`). What it buys: the fleet bucket can hand
+one process several grants in one script call (toolops.qps_redis, "prefetched grants"), so a
+worker sending hundreds of requests a second to one server pays a Redis round trip for a few of
+them instead of each. Each prefetched grant is still one token, spent by one request within the
+send deadline of the call that took it, or abandoned.
+
 The observed-rate figures (total, per purpose, peak in one second) are counted by the same script
 in Redis, not in a SQL table: a row per request would add one INSERT to every poll (the hottest
 path), while an INCR inside the script we already run costs no extra round trip. The peak is kept
@@ -74,6 +84,10 @@ class Take:
     # The refused holder has a slot in the line (see the module doc) `wait_s` from now: it comes
     # back exactly then, with no spread of its own.
     queued: bool = False
+    # A grant handed out from this process's prefetched grants (toolops.qps_redis): the
+    # time.monotonic() taken just before the take that brought it, from which its send deadline
+    # counts. None: the grant came from this take itself.
+    asked_at: float | None = None
 
 
 @dataclass
@@ -85,6 +99,9 @@ class BucketStats:
     peak_in_one_second: int = 0
     peak_at_epoch_second: int | None = None
     by_purpose: dict[str, int] = field(default_factory=dict)
+    # Grants a process took ahead of its requests (toolops.qps_redis) and has not yet reported
+    # sent (then in `total`) or unused (then in `abandoned`); in the peak from their grant on.
+    prefetched: int = 0
 
 
 class TokenBucket(Protocol):
@@ -107,9 +124,31 @@ class TokenBucket(Protocol):
         through the same door (the negotiation of a new server), so the next grant waits."""
         ...
 
+    def report_all(self) -> None:
+        """Report the grants this process took ahead of its requests (sent, or given up now):
+        before the process ends, so the counters hold them."""
+        ...
+
+
+# How far ahead of its even slot a grant may come (see the module doc, "the horizon"): at 1 ms,
+# only caps of 1,000 requests a second and more see a bucket larger than one token, and the
+# arrivals move by at most 1 ms, a hundredth of the default wire allowance.
+PREFETCH_HORIZON_SECONDS = 0.001
+
 
 def qps_burst() -> float:
     return float(getattr(settings, "TOOLOPS_QPS_BURST", 1.0))
+
+
+def qps_capacity(*, rate: float) -> float:
+    """The bucket's capacity at refill `rate`: the configured burst, or the grants of the next
+    PREFETCH_HORIZON_SECONDS when that is more (rates of 1,000/s and up)."""
+    return max(qps_burst(), float(math.floor(1.0 + rate * PREFETCH_HORIZON_SECONDS)))
+
+
+def qps_prefetch_max() -> int:
+    """Most grants one take of the fleet bucket may bring back to its process (1: none ahead)."""
+    return max(int(getattr(settings, "TOOLOPS_QPS_PREFETCH", 8)), 1)
 
 
 def send_deadline_seconds() -> float:
@@ -118,9 +157,10 @@ def send_deadline_seconds() -> float:
 
 
 def wire_allowance_seconds() -> float:
-    """The margin between grants: the send deadline plus the gate-to-server latency it allows."""
+    """The margin between grants: the send deadline, the horizon a grant may come early by, and
+    the gate-to-server latency they leave room for."""
     return max(float(getattr(settings, "TOOLOPS_QPS_WIRE_ALLOWANCE_SECONDS", 0.1)),
-               send_deadline_seconds())
+               send_deadline_seconds() + PREFETCH_HORIZON_SECONDS)
 
 
 def wire_rate(*, cap: float) -> float:
@@ -149,7 +189,7 @@ class LocalTokenBucket:
     def take(self, *, key: str, rate: float, purpose: str, holder: str | None = None) -> Take:
         wall = time.time()
         sec = int(wall)
-        burst = qps_burst()
+        burst = qps_capacity(rate=rate)
         with self._lock:
             tokens, ts = self._buckets.get(key, (burst, wall))
             if wall > ts:
@@ -241,6 +281,9 @@ class LocalTokenBucket:
         with self._lock:
             self._buckets[key] = (0.0, time.time())
 
+    def report_all(self) -> None:
+        """Nothing to report: the embedded bucket grants one token per take."""
+
 
 _bucket_lock = threading.Lock()
 _bucket: TokenBucket | None = None
@@ -271,6 +314,14 @@ def qps_bucket() -> TokenBucket:
             else:
                 raise ValueError(f"TOOLOPS_QPS_BACKEND must be 'redis' or 'local', not {name!r}")
         return _bucket
+
+
+def qps_bucket_report() -> None:
+    """A process about to end reports the grants it took ahead (if it ever made its bucket)."""
+    with _bucket_lock:
+        bucket = _bucket
+    if bucket is not None:
+        bucket.report_all()
 
 
 def qps_bucket_replace(bucket: TokenBucket | None) -> None:

@@ -16,6 +16,7 @@ from celery.signals import worker_before_create_process, worker_process_shutdown
 from django.conf import settings
 
 from toolops.broker import dispatch_room
+from toolops.qps import qps_bucket_report
 from toolops.services.boundary import exception_redacted, operation_poll_guarded
 from toolops.services.dispatch import (
     DispatchPass,
@@ -74,6 +75,11 @@ def relay_outbox() -> int:
 def _poll_threads_stop(**_kwargs: object) -> None:
     # Held rows go back to the ledger at once and each poll thread closes its connection.
     poll_threads_stop()
+    try:
+        # A pool child ends without atexit: its prefetched QPS grants are reported here.
+        qps_bucket_report()
+    except Exception as exc:
+        logger.warning("QPS grant report at shutdown failed: %s", exception_redacted(exc)["type"])
 
 
 @worker_before_create_process.connect

@@ -177,7 +177,8 @@ def server_token_take(*, server: ToolServer, purpose: str, follow_up: bool = Fal
         asked_at = time.monotonic()
         take = bucket.take(key=key, rate=rate, purpose=purpose, holder=in_line)
     if take.granted:
-        return asked_at
+        # A grant prefetched by an earlier take counts its send deadline from that take.
+        return asked_at if take.asked_at is None else take.asked_at
     qps_token_denied_inc(server=server.name)
     if take.queued:
         # A slot in the line: the line already spaces the refused callers one token apart.

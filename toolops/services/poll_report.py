@@ -32,6 +32,9 @@ class ServerPollFigures:
     refused_tokens: int
     # Grants given up unused past their send deadline (toolops/qps.py); not in total_requests.
     abandoned_grants: int = 0
+    # Grants worker processes took ahead of their requests and have not reported yet (sent or
+    # unused; toolops/qps_redis.py): in the peak already, in the totals once reported.
+    prefetched_grants: int = 0
     requests_by_purpose: dict[str, int] = field(default_factory=dict)
     operations: int = 0
     operations_accepted: int = 0
@@ -65,6 +68,7 @@ def poll_report_servers(*, names: list[str] | None = None) -> list[ServerPollFig
             total_requests=stats.total,
             refused_tokens=stats.denied,
             abandoned_grants=stats.abandoned,
+            prefetched_grants=stats.prefetched,
             requests_by_purpose=dict(sorted(stats.by_purpose.items())),
             operations=server.ops,  # type: ignore[attr-defined]
             operations_accepted=server.accepted,  # type: ignore[attr-defined]
