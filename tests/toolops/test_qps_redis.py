@@ -16,6 +16,7 @@ from django.test import override_settings
 
 from toolops.qps import (
     PREFETCH_HORIZON_SECONDS,
+    Take,
     qps_capacity,
     send_deadline_seconds,
     wire_allowance_seconds,
@@ -42,6 +43,12 @@ class _Counted:
             self.fail_next = False
             raise ConnectionError("redis went away")
         return self.script(**kwargs)
+
+
+def _busy(b: RedisTokenBucket, key: str, *, takes: int) -> list[Take]:
+    """A process taking `takes` tokens back to back (its demand then asks for more per trip)."""
+    with override_settings(TOOLOPS_QPS_SEND_DEADLINE_SECONDS=5.0):
+        return [b.take(key=key, rate=FAST, purpose="poll") for _ in range(takes)]
 
 
 @pytest.fixture
@@ -139,9 +146,8 @@ def test_a_report_that_fails_to_reach_redis_goes_with_the_next_take(
     bucket: tuple[RedisTokenBucket, str, _Counted],
 ) -> None:
     b, key, counted = bucket
+    _busy(b, key, takes=6)
     with override_settings(TOOLOPS_QPS_SEND_DEADLINE_SECONDS=5.0):
-        for _ in range(6):
-            b.take(key=key, rate=FAST, purpose="poll")
         while b._prefetched[key].grants:  # use up what this process holds
             b.take(key=key, rate=FAST, purpose="result")
         counted.fail_next = True
@@ -160,9 +166,7 @@ def test_a_forked_child_never_sends_its_parents_grants(
     bucket: tuple[RedisTokenBucket, str, _Counted],
 ) -> None:
     b, key, counted = bucket
-    with override_settings(TOOLOPS_QPS_SEND_DEADLINE_SECONDS=5.0):
-        for _ in range(4):
-            b.take(key=key, rate=FAST, purpose="poll")
+    _busy(b, key, takes=4)
     held = len(b._prefetched[key].grants)
     assert held > 0
     ctx = multiprocessing.get_context("fork")
