@@ -6,10 +6,14 @@ index of that row holds those columns, PostgreSQL can write the new version as a
 index entry at all), so a claim of 1,000 rows writes 1,000 narrow rows and their two index entries
 instead of a new entry in each of the wide row's ten indexes.
 
-Written only by the database: triggers on the operation table (installed by migration
-0016_operation_due) keep one row here for every operation in a SCHEDULED_STATES state, with
-`due_at` = the later of its next poll time and its lease's end, in the same statement that changes
-the operation, so the two can never disagree at any commit. Application code never writes it.
+Written in the statement that changes the operation, so the two can never disagree at any
+commit: triggers on the operation table (installed by migration 0016_operation_due) keep one row
+here for every operation in a SCHEDULED_STATES state, with `due_at` = the later of its next poll
+time and its lease's end. There is one exception, on PostgreSQL: the dispatcher's claim moves the
+due entries of the rows it leases itself, in its own statement and set-based, and the update
+trigger skips exactly that write (the one that sets a row's lease owner to the value of
+CLAIM_OWNER_SETTING in the claim's transaction; migration 0018_claim_writes_its_due_rows). No
+other application code writes it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ from django.db import models
 
 from ledger.models.operations import Operation
 from ledger.models.servers import ToolServer
+
+# The transaction-local setting in which a claim announces its lease owner, so that the update
+# trigger leaves that one write's due entries to the claim's own statement (see above).
+CLAIM_OWNER_SETTING = "toolops.claim_owner"
 
 
 class OperationDue(models.Model):

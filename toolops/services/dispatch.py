@@ -21,6 +21,7 @@ from django.db.models import F, Field, Q
 from django.utils import timezone
 
 from ledger.models import Operation, OperationDue
+from ledger.models.due import CLAIM_OWNER_SETTING
 from ledger.services.schedule import schedule_at, schedule_leased
 from ledger.statements import statement_spelled
 from ledger.states import POLLABLE, State
@@ -117,15 +118,22 @@ def _claim_sql(*, alias: str, by_path: bool, by_servers: bool) -> str:
     rescheduled meanwhile is judged by its new times, not by the due entry the snapshot saw.
 
     The UPDATE writes only columns no index of the operation row holds, so on a page with room
-    it is a HOT update; the trigger moves the due entry to the lease's end.
+    it is a HOT update. The due entries of the claimed rows move to the lease's end in the same
+    statement, set-based (the `moved` CTE: one UPDATE for the batch, reading the claimed rows'
+    new times), instead of through the row trigger's per-row call, which the trigger skips for
+    this write alone: the candidates' filter announces the claim's owner, a fresh token, in the
+    transaction-local setting `toolops.claim_owner`, and the trigger skips a write only when it
+    sets the row's lease owner to that value (migration 0018_claim_writes_its_due_rows). The
+    setting is set before any row is written, since each row passes that filter before the
+    UPDATE sees it. Lock order is unchanged: operation row, then its due row.
 
     The state check is spelled `(...) IS TRUE` so that no index can serve it: candidates are
     found by the due index alone. On a ledger not yet analyzed the planner estimated the small
     index on `state` at a few rows and chose it, reading every open row and sorting them for
     each claim.
 
-    Parameters: owner, lease end (twice: lease and next poll time), now, [path], [server ids],
-    now twice, batch."""
+    Parameters: owner, lease end (twice: lease and next poll time), owner, now, [path],
+    [server ids], now twice, batch. Returns the claimed ids in the order they became due."""
     return statement_spelled(site="claim", shape=(alias, by_path, by_servers),
                              spell=lambda: _claim_spelled(by_path=by_path, by_servers=by_servers))
 
@@ -144,13 +152,19 @@ def _claim_spelled(*, by_path: bool, by_servers: bool) -> str:
     pk, lease, due = col("id"), col("lease_expires_at"), col("next_poll_at")
     candidates = (
         f'SELECT c.{pk}, d."due_at" FROM "{due_table}" AS d JOIN "{table}" AS c ON c.{pk} = d."operation_id" '
-        f'WHERE d."due_at" <= %s{scope} AND (c.{_claimable_states_sql()}) IS TRUE '
+        f"WHERE set_config('{CLAIM_OWNER_SETTING}', %s, true) IS NOT NULL "
+        f'AND d."due_at" <= %s{scope} AND (c.{_claimable_states_sql()}) IS TRUE '
         f'AND (c.{lease} IS NULL OR c.{lease} <= %s) AND (c.{due} <= %s OR c.{due} IS NULL) '
         f'ORDER BY d."due_at" LIMIT %s FOR UPDATE OF c SKIP LOCKED')
-    sql = (f'UPDATE "{table}" AS o SET {col("lease_owner")} = %s, {lease} = %s, {due} = %s, '
-           f'{col("poll_attempts")} = o.{col("poll_attempts")} + 1 '
-           f'FROM ({candidates}) AS due WHERE o.{pk} = due.{pk} RETURNING o.{pk}, due."due_at"')
-    return sql
+    claimed = (f'UPDATE "{table}" AS o SET {col("lease_owner")} = %s, {lease} = %s, {due} = %s, '
+               f'{col("poll_attempts")} = o.{col("poll_attempts")} + 1 '
+               f'FROM ({candidates}) AS due WHERE o.{pk} = due.{pk} '
+               f'RETURNING o.{pk} AS id, due."due_at" AS was_due, o.{due} AS next_poll_at, '
+               f'o.{lease} AS lease_expires_at')
+    # The formula of the trigger function (ledger_operation_due_sync): the later of the two.
+    moved = (f'UPDATE "{due_table}" AS m SET "due_at" = GREATEST(k.next_poll_at, k.lease_expires_at) '
+             f'FROM claimed AS k WHERE m."operation_id" = k.id')
+    return f"WITH claimed AS ({claimed}), moved AS ({moved}) SELECT id FROM claimed ORDER BY was_due"
 
 
 def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None = None,
@@ -175,10 +189,11 @@ def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None =
                          by_servers=server_ids is not None)
         _clauses, scope = _due_scope(path=path, server_ids=server_ids)
         with connection.cursor() as cursor:
-            cursor.execute(sql, [owner, lease_until, lease_until, now, *scope, now, now, batch])
-            # RETURNING follows the UPDATE's join, not the candidates' order: put the batch back
-            # in the order its rows became due, so the oldest are polled first.
-            return [row[0] for row in sorted(cursor.fetchall(), key=lambda row: row[1])]
+            cursor.execute(sql, [owner, lease_until, lease_until, owner, now, *scope, now, now,
+                                 batch])
+            # RETURNING follows the UPDATE's join, not the candidates' order: the statement puts
+            # the batch back in the order its rows became due, so the oldest are polled first.
+            return [row[0] for row in cursor.fetchall()]
     # Elsewhere (SQLite, the embedded default: one writer at a time, so no row lock to skip):
     # the same walk over the due index, then the same write.
     due = _due_entries(path=path, server_ids=server_ids).filter(due_at__lte=now)

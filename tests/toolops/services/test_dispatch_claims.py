@@ -91,9 +91,9 @@ def test_the_claims_generic_plan_walks_the_due_index(by_path: bool, by_servers: 
     scope_values = [*(["tasks"] if by_path else []), *([[1]] if by_servers else [])]
     now = timezone.now()
     plan = plan_generic(
-        sql, ["text", "timestamptz", "timestamptz", "timestamptz", *scope_types,
+        sql, ["text", "timestamptz", "timestamptz", "text", "timestamptz", *scope_types,
               "timestamptz", "timestamptz", "int"],
-        ["o", now, now, now, *scope_values, now, now, 200])
+        ["o", now, now, "o", now, *scope_values, now, now, 200])
     assert "opdue_due_idx" in plan, plan
     assert "Seq Scan on ledger_operation " not in plan, plan
 
@@ -117,7 +117,7 @@ def test_the_claim_finds_its_candidates_by_the_due_index_never_by_state() -> Non
         cursor.execute("ANALYZE ledger_operationdue")
     now = timezone.now()
     sql = _claim_sql(alias=connection.alias, by_path=False, by_servers=False)
-    plan = plan_for(sql, ["o", now, now, now, now, now, 200])
+    plan = plan_for(sql, ["o", now, now, "o", now, now, now, 200])
     # Twenty due entries fit one page, which the planner may read whole: either way, from the due
     # table, each operation row by its key.
     assert "on ledger_operationdue d" in plan, plan
@@ -227,3 +227,75 @@ def test_the_next_claimable_time_is_read_per_path_and_per_server() -> None:
     assert next_claimable_at(path="tasks", server_ids=[a.pk]) == now - timedelta(minutes=1)
     assert next_claimable_at(path="legacy", server_ids=[b.pk]) is None
     assert operations_next_due_at(server_ids=[a.pk]) == early
+
+
+def _due_updates() -> int:
+    """Updates of due entries not yet reported to the statistics (this transaction's, and any
+    earlier ones' of this session within the last second: here, only inserts came before)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_get_xact_tuples_updated('ledger_operationdue'::regclass)")
+        return int(cursor.fetchone()[0])
+
+
+def test_the_claim_moves_its_rows_due_entries_once_in_its_own_statement() -> None:
+    # The claim writes each claimed row's due entry itself, set-based; the row trigger skips that
+    # write, so each entry is written once, not twice, and rows not claimed are left alone.
+    from django.db import transaction
+
+    now = timezone.now()
+    due = [_row(next_poll_at=now - timedelta(seconds=k + 1), lease_expires_at=None) for k in range(6)]
+    later = _row(next_poll_at=now + timedelta(minutes=5), lease_expires_at=None)
+    with transaction.atomic():
+        claimed = operations_claim_due(owner="lease-fresh", limit=4)
+        assert _due_updates() == 4
+    assert claimed == list(reversed(due))[:4]
+    entries = dict(OperationDue.objects.values_list("operation_id", "due_at"))
+    for op in Operation.objects.all():
+        assert entries[op.id] == max(t for t in (op.next_poll_at, op.lease_expires_at) if t)
+    assert entries[later] == now + timedelta(minutes=5)
+    assert {op.lease_owner for op in Operation.objects.filter(id__in=claimed)} == {"lease-fresh"}
+
+
+def test_the_trigger_skips_only_the_write_that_sets_the_claims_own_owner() -> None:
+    # Every other write keeps the trigger: in the claim's transaction, a write that leaves the
+    # owner as it is or sets another one, or clears it; and in a later transaction a write that
+    # sets the same owner again (the setting is transaction-local).
+    from django.db import transaction
+
+    now = timezone.now()
+    first = _row(next_poll_at=now - timedelta(seconds=2), lease_expires_at=None)
+    other = _row(next_poll_at=now + timedelta(minutes=1), lease_expires_at=None)
+    third = _row(next_poll_at=now + timedelta(minutes=2), lease_expires_at=None)
+    moved = now + timedelta(minutes=7)
+    with transaction.atomic():
+        assert operations_claim_due(owner="lease-a", limit=1) == [first]
+        Operation.objects.filter(id=first).update(next_poll_at=moved)
+        Operation.objects.filter(id=other).update(lease_owner="lease-b",
+                                                  lease_expires_at=moved)
+        Operation.objects.filter(id=third).update(lease_owner="", next_poll_at=moved)
+    with transaction.atomic():
+        Operation.objects.filter(id=third).update(lease_owner="lease-a",
+                                                  lease_expires_at=moved + timedelta(minutes=1))
+    # After a claim's transaction the session's setting is '' (not unknown): releasing a lease,
+    # which sets the owner to '', must not match it.
+    with transaction.atomic():
+        Operation.objects.filter(id=first).update(lease_owner="", lease_expires_at=None,
+                                                  next_poll_at=moved + timedelta(minutes=2))
+    entries = dict(OperationDue.objects.values_list("operation_id", "due_at"))
+    for op in Operation.objects.all():
+        assert entries[op.id] == max(t for t in (op.next_poll_at, op.lease_expires_at) if t), op.id
+    assert entries[other] == moved and entries[third] == moved + timedelta(minutes=1)
+    assert entries[first] == moved + timedelta(minutes=2)
+
+
+def test_a_session_that_never_claimed_keeps_the_trigger_for_every_lease_write() -> None:
+    # The setting is unknown (NULL) in a fresh session and must not match anything, '' included.
+    now = timezone.now()
+    row = _row(next_poll_at=now, lease_expires_at=None)
+    until = now + timedelta(minutes=3)
+    Operation.objects.filter(id=row).update(lease_owner="w", lease_expires_at=until)
+    assert OperationDue.objects.get(operation_id=row).due_at == until
+    Operation.objects.filter(id=row).update(lease_owner="", lease_expires_at=None)
+    assert OperationDue.objects.get(operation_id=row).due_at == now
