@@ -120,21 +120,22 @@ def _claim_sql(*, alias: str, by_path: bool, by_servers: bool) -> str:
 
     The UPDATE writes only columns no index of the operation row holds, so on a page with room
     it is a HOT update. The due entries of the claimed rows move to the lease's end in the same
-    statement, set-based (the `moved` CTE: one UPDATE for the batch, reading the claimed rows'
-    new times), instead of through the row trigger's per-row call, which the trigger skips for
-    this write alone: the candidates' filter announces the claim's owner, a fresh token, in the
-    transaction-local setting `toolops.claim_owner`, and the trigger skips a write only when it
-    sets the row's lease owner to that value (migration 0018_claim_writes_its_due_rows). The
-    setting is set before any row is written, since each row passes that filter before the
-    UPDATE sees it. Lock order is unchanged: operation row, then its due row.
+    statement, set-based (the `moved` CTE: one UPDATE for the batch), instead of through the
+    row trigger's per-row call, which the trigger skips for this write alone: the candidates'
+    filter announces the claim's owner, a fresh token, in the transaction-local setting
+    `toolops.claim_owner`, and the trigger skips a write only when it sets the row's lease owner
+    to that value (migration 0018_claim_writes_its_due_rows). The setting is set before any row
+    is written: both writes read the locked batch whole before they start. Lock order is
+    unchanged: operation row, then its due row.
 
     The state check is spelled `(...) IS TRUE` so that no index can serve it: candidates are
     found by the due index alone. On a ledger not yet analyzed the planner estimated the small
     index on `state` at a few rows and chose it, reading every open row and sorting them for
     each claim.
 
-    Parameters: owner, lease end (twice: lease and next poll time), owner, now, [path],
-    [server ids], now twice, batch. Returns the claimed ids in the order they became due."""
+    Parameters: owner, now, [path], [server ids], now twice, batch size, owner, lease end (three
+    times: lease, next poll time, due entry). Returns the claimed ids in the order they became
+    due."""
     return statement_spelled(site="claim", shape=(alias, by_path, by_servers),
                              spell=lambda: _claim_spelled(by_path=by_path, by_servers=by_servers))
 
@@ -157,15 +158,17 @@ def _claim_spelled(*, by_path: bool, by_servers: bool) -> str:
         f'AND d."due_at" <= %s{scope} AND (c.{_claimable_states_sql()}) IS TRUE '
         f'AND (c.{lease} IS NULL OR c.{lease} <= %s) AND (c.{due} <= %s OR c.{due} IS NULL) '
         f'ORDER BY d."due_at" LIMIT %s FOR UPDATE OF c SKIP LOCKED')
+    # Both writes reach their rows by key (`= ANY` of the locked batch, read once): joined to
+    # the batch instead, the planner hashed it and read the whole operation table and the whole
+    # due table, dead versions included, whenever it expected more than a few rows.
+    ids = f'ANY(ARRAY(SELECT k.{pk} FROM batch AS k))'
     claimed = (f'UPDATE "{table}" AS o SET {col("lease_owner")} = %s, {lease} = %s, {due} = %s, '
-               f'{col("poll_attempts")} = o.{col("poll_attempts")} + 1 '
-               f'FROM ({candidates}) AS due WHERE o.{pk} = due.{pk} '
-               f'RETURNING o.{pk} AS id, due."due_at" AS was_due, o.{due} AS next_poll_at, '
-               f'o.{lease} AS lease_expires_at')
-    # The formula of the trigger function (ledger_operation_due_sync): the later of the two.
-    moved = (f'UPDATE "{due_table}" AS m SET "due_at" = GREATEST(k.next_poll_at, k.lease_expires_at) '
-             f'FROM claimed AS k WHERE m."operation_id" = k.id')
-    return f"WITH claimed AS ({claimed}), moved AS ({moved}) SELECT id FROM claimed ORDER BY was_due"
+               f'{col("poll_attempts")} = o.{col("poll_attempts")} + 1 WHERE o.{pk} = {ids}')
+    # The trigger's formula is GREATEST(next poll time, lease end); the claim sets both to the
+    # same time, the last parameter.
+    moved = f'UPDATE "{due_table}" AS m SET "due_at" = %s WHERE m."operation_id" = {ids}'
+    return (f"WITH batch AS MATERIALIZED ({candidates}), claimed AS ({claimed}), "
+            f'moved AS ({moved}) SELECT k.{pk} FROM batch AS k ORDER BY k."due_at"')
 
 
 def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None = None,
@@ -190,8 +193,8 @@ def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None =
                          by_servers=server_ids is not None)
         _clauses, scope = _due_scope(path=path, server_ids=server_ids)
         with connection.cursor() as cursor:
-            cursor.execute(sql, [owner, lease_until, lease_until, owner, now, *scope, now, now,
-                                 batch])
+            cursor.execute(sql, [owner, now, *scope, now, now, batch, owner, lease_until,
+                                 lease_until, lease_until])
             # RETURNING follows the UPDATE's join, not the candidates' order: the statement puts
             # the batch back in the order its rows became due, so the oldest are polled first.
             return [row[0] for row in cursor.fetchall()]

@@ -70,18 +70,22 @@ def test_rows_are_claimed_in_the_order_they_became_claimable() -> None:
     assert operations_claim_due(owner="d", limit=5) == [newer]
 
 
-@pytest.mark.parametrize(("by_path", "by_servers"), [(False, False), (True, True)])
-def test_the_claims_generic_plan_walks_the_due_index(by_path: bool, by_servers: bool) -> None:
+@pytest.mark.parametrize(("by_path", "by_servers", "all_due"),
+                         [(False, False, False), (True, True, False), (False, False, True)])
+def test_the_claims_generic_plan_walks_the_due_index(by_path: bool, by_servers: bool,
+                                                     all_due: bool) -> None:
     # Workers prepare their statements: after a few executions PostgreSQL may plan a claim once,
     # without its parameters' values. That plan must still walk the due index in order and reach
-    # each operation row by its key, never scan the operation table.
+    # each operation row and each due entry by its key, never scan either table, also when every
+    # row is due (a burst): joined to the batch, the writes were planned as hash joins over
+    # both whole tables, dead versions included.
     from django.db import connection
 
     from toolops.services.dispatch import _claim_sql
 
     # With table statistics of a ledger in use (on a near-empty table a scan is cheaper).
-    rows = OperationFactory.build_batch(3000, server=ToolServerFactory(),
-                                        next_poll_at=timezone.now() + timedelta(minutes=5))
+    when = timezone.now() + (timedelta(seconds=-1) if all_due else timedelta(minutes=5))
+    rows = OperationFactory.build_batch(3000, server=ToolServerFactory(), next_poll_at=when)
     Operation.objects.bulk_create(rows, batch_size=1000)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE ledger_operation")
@@ -91,11 +95,12 @@ def test_the_claims_generic_plan_walks_the_due_index(by_path: bool, by_servers: 
     scope_values = [*(["tasks"] if by_path else []), *([[1]] if by_servers else [])]
     now = timezone.now()
     plan = plan_generic(
-        sql, ["text", "timestamptz", "timestamptz", "text", "timestamptz", *scope_types,
-              "timestamptz", "timestamptz", "int"],
-        ["o", now, now, "o", now, *scope_values, now, now, 200])
+        sql, ["text", "timestamptz", *scope_types, "timestamptz", "timestamptz", "int", "text",
+              "timestamptz", "timestamptz", "timestamptz"],
+        ["o", now, *scope_values, now, now, 200, "o", now, now, now])
     assert "opdue_due_idx" in plan, plan
     assert "Seq Scan on ledger_operation " not in plan, plan
+    assert "Seq Scan on ledger_operationdue " not in plan, plan
 
 
 def test_the_claim_finds_its_candidates_by_the_due_index_never_by_state() -> None:
@@ -117,7 +122,7 @@ def test_the_claim_finds_its_candidates_by_the_due_index_never_by_state() -> Non
         cursor.execute("ANALYZE ledger_operationdue")
     now = timezone.now()
     sql = _claim_sql(alias=connection.alias, by_path=False, by_servers=False)
-    plan = plan_for(sql, ["o", now, now, "o", now, now, now, 200])
+    plan = plan_for(sql, ["o", now, now, now, 200, "o", now, now, now])
     # Twenty due entries fit one page, which the planner may read whole: either way, from the due
     # table, each operation row by its key.
     assert "on ledger_operationdue d" in plan, plan
