@@ -1,19 +1,19 @@
-"""Benchmark (not a test): claims while the due table churns, with and without its upkeep.
+"""Benchmark (not a test): claims while the due table churns, with and without vacuums.
 
 A fleet moves every open row's due entry several times per call (the submit's reply, the claim,
 a working poll, a lease renewal), and each move leaves a dead version in the due index at the
-old time, in front of the next claim's walk (ledger/services/due.py). This loads `--rows` open
-WORKING rows, all due, then runs `--rounds` rounds of: claim `--batch` rows, then hand them back
-due again at once (a poll that wrote its next time), as a fleet does, with the dispatcher's
-upkeep (`operations_due_upkeep`, TOOLOPS_DUE_VACUUM_* as configured) after each round or
-without it. Both modes run on the same table, one after the other, `--repeat` times each, so
-they are compared in one run. Prints, per mode, the median ms of a claim in the first and last
-quarter of its rounds, the dead versions left at the end, and the vacuums made.
+old time, in front of the next claim's walk (docs/architecture.md, "The due table"). This loads
+`--rows` open WORKING rows, all due, then runs `--rounds` rounds of: claim `--batch` rows, then
+hand them back due again at once (a poll that wrote its next time), as a fleet does, with the
+due table vacuumed at most every `--vacuum-every` seconds after a round, or never. Both modes
+run on the same table, one after the other, `--repeat` times each, so they are compared in one
+run. Prints, per mode, the median ms of a claim in the first and last quarter of its rounds,
+the dead versions left at the end, and the vacuums made (their time is not in the claims').
 
 Run against a scratch PostgreSQL database (it is emptied first):
     DATABASE_URL=postgres://root@127.0.0.1:5432/toolops_churn_<you> .venv/bin/python manage.py migrate -v0
     DATABASE_URL=postgres://root@127.0.0.1:5432/toolops_churn_<you> \\
-        .venv/bin/python benchmarks/due_churn.py --rows 5000 --rounds 300 --batch 50
+        .venv/bin/python benchmarks/due_churn.py --rows 5000 --rounds 2000 --batch 200 --repeat 1
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import claims_at_scale
 from django.db import connection
 
-from toolops.services.dispatch import operations_claim_due, operations_due_upkeep
+from toolops.services.dispatch import operations_claim_due
 
 
 def _dead() -> int:
@@ -42,9 +42,10 @@ def _dead() -> int:
         return int(cur.fetchone()[0])
 
 
-def _rounds(*, rounds: int, batch: int, upkeep: bool) -> dict[str, object]:
+def _rounds(*, rounds: int, batch: int, upkeep: bool, every: float) -> dict[str, object]:
     timings: list[float] = []
     vacuums = 0
+    last = time.monotonic()
     for i in range(rounds):
         started = time.perf_counter()
         ids = operations_claim_due(owner=f"churn-{upkeep}-{i}", limit=batch)
@@ -52,8 +53,11 @@ def _rounds(*, rounds: int, batch: int, upkeep: bool) -> dict[str, object]:
         with connection.cursor() as cur:
             cur.execute("UPDATE ledger_operation SET lease_owner = '', lease_expires_at = NULL, "
                         "next_poll_at = now() - interval '1 second' WHERE id = ANY(%s)", [ids])
-        if upkeep:
-            vacuums += int(operations_due_upkeep())
+        if upkeep and time.monotonic() - last >= every:
+            with connection.cursor() as cur:
+                cur.execute("VACUUM ledger_operationdue")
+            vacuums += 1
+            last = time.monotonic()
     quarter = max(len(timings) // 4, 1)
     return {"upkeep": upkeep, "rounds": len(timings), "batch": batch,
             "ms_first_quarter_median": round(statistics.median(timings[:quarter]), 3),
@@ -68,6 +72,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--vacuum-every", type=float, default=1.0)
     args = parser.parse_args()
     if connection.vendor != "postgresql":
         raise SystemExit("due_churn needs PostgreSQL")
@@ -76,7 +81,8 @@ def main() -> None:
         for upkeep in (False, True):
             with connection.cursor() as cur:
                 cur.execute("VACUUM ledger_operationdue")  # each mode starts from a clean table
-            print(json.dumps(_rounds(rounds=args.rounds, batch=args.batch, upkeep=upkeep)),
+            print(json.dumps(_rounds(rounds=args.rounds, batch=args.batch, upkeep=upkeep,
+                                     every=args.vacuum_every)),
                   flush=True)
 
 

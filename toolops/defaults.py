@@ -50,13 +50,6 @@ TOOLOPS_DISPATCH_FOLLOW_DUE_SECONDS = env_float("TOOLOPS_DISPATCH_FOLLOW_DUE_SEC
 # one claim transaction and one batch message. It bounds the dispatcher's commits (at most one
 # per gap) and adds at most this much to a row's first poll.
 TOOLOPS_DISPATCH_MIN_GAP_SECONDS = env_float("TOOLOPS_DISPATCH_MIN_GAP_SECONDS", 0.02)
-# The dispatcher vacuums the due table (ledger/services/due.py) once it holds this many dead
-# versions, at most once per TOOLOPS_DUE_VACUUM_SECONDS across the fleet: each claim reads every
-# dead entry left in the due index since the last vacuum, and autovacuum comes once a minute at
-# best. About five versions die per completed call; 1,000 keeps a claim's walk to a few index
-# pages, and at 20 calls/s means a vacuum every ten seconds. 0 seconds turns it off.
-TOOLOPS_DUE_VACUUM_SECONDS = env_float("TOOLOPS_DUE_VACUUM_SECONDS", 1.0)
-TOOLOPS_DUE_VACUUM_DEAD_ROWS = env_int("TOOLOPS_DUE_VACUUM_DEAD_ROWS", 1000)
 # Never poll faster than this, whatever the server suggests (protects servers that send 0).
 TOOLOPS_POLL_FLOOR_SECONDS = env_float("TOOLOPS_POLL_FLOOR_SECONDS", 0.2)
 # Used when the server suggests no interval (SDK defaults are 0.5 s to 5 s).

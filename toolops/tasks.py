@@ -22,7 +22,6 @@ from toolops.services.dispatch import (
     DispatchPass,
     operations_dispatch_due_batches,
     operations_dispatch_following_due,
-    operations_due_upkeep,
 )
 from toolops.services.inputs import input_rounds_expire_due
 from toolops.services.outbox import outbox_relay
@@ -50,13 +49,8 @@ def dispatch_due() -> int:
     except Exception as exc:
         logger.warning("input deadline sweep failed: %s", exception_redacted(exc)["type"])
     # Within its tick, the dispatcher also wakes when the next row falls due.
-    claimed = operations_dispatch_following_due(
+    return operations_dispatch_following_due(
         seconds=float(settings.TOOLOPS_DISPATCH_FOLLOW_DUE_SECONDS), dispatch_once=_dispatch_once)
-    try:
-        operations_due_upkeep()  # the claims' own index, kept short between autovacuums
-    except Exception as exc:
-        logger.warning("due table upkeep failed: %s", exception_redacted(exc)["type"])
-    return claimed
 
 
 @shared_task(name="toolops.poll_batch", ignore_result=True, acks_late=True)

@@ -5,7 +5,6 @@ poll time and its lease's end, through inserts, every kind of update and deletes
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
 
 import pytest
 from django.db import transaction
@@ -184,70 +183,3 @@ def test_the_migration_gives_each_open_row_of_an_installed_ledger_its_entry() ->
     assert dict(OperationDue.objects.values_list("operation_id", "due_at")) == {
         working: now, leased: now + timedelta(seconds=30)}
     assert _actual() == _expected()
-
-
-def _due_stats() -> tuple[int, object]:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_force_next_flush()")
-    # A new transaction: the statistics pending in this backend are reported at its start.
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT n_dead_tup, last_vacuum FROM pg_stat_user_tables "
-                       "WHERE relid = 'ledger_operationdue'::regclass")
-        dead, last = cursor.fetchone()
-    return int(dead), last
-
-
-def _churn(rows: list[Operation], times: int) -> None:
-    # Each move of the schedule writes a new version of the row's due entry (never HOT: due_at
-    # is indexed), leaving the old one dead.
-    now = timezone.now()
-    for k in range(times):
-        Operation.objects.filter(id__in=[r.id for r in rows]).update(
-            next_poll_at=now + timedelta(seconds=k + 1))
-
-
-def test_the_due_table_is_vacuumed_once_enough_of_it_is_dead_and_not_again_at_once() -> None:
-    from ledger.services.due import due_table_vacuum_when_due
-
-    rows = [OperationFactory(state=State.WORKING) for _ in range(10)]
-    _churn(rows, 3)
-    assert _due_stats()[0] >= 30
-    assert not due_table_vacuum_when_due(every_seconds=0.0, dead_rows=1000)  # not enough dead
-    assert due_table_vacuum_when_due(every_seconds=60.0, dead_rows=30)
-    dead, last = _due_stats()
-    assert dead == 0 and last is not None
-    _churn(rows, 3)
-    assert _due_stats()[0] >= 30
-    # Enough dead again, but vacuumed within the last minute (by any session): not now.
-    assert not due_table_vacuum_when_due(every_seconds=60.0, dead_rows=30)
-    assert due_table_vacuum_when_due(every_seconds=0.0, dead_rows=30)
-    assert _actual() == _expected()
-
-
-def test_the_due_table_is_never_vacuumed_inside_a_transaction() -> None:
-    from ledger.services.due import due_table_vacuum_when_due
-
-    rows = [OperationFactory(state=State.WORKING) for _ in range(5)]
-    _churn(rows, 2)
-    with transaction.atomic():
-        assert not due_table_vacuum_when_due(every_seconds=0.0, dead_rows=0)
-
-
-def test_the_dispatchers_upkeep_follows_its_settings(settings: Any) -> None:
-    from toolops.services.dispatch import operations_due_upkeep
-
-    rows = [OperationFactory(state=State.WORKING) for _ in range(5)]
-    _churn(rows, 2)
-    _due_stats()
-    settings.TOOLOPS_DUE_VACUUM_SECONDS = 0.0
-    assert not operations_due_upkeep()  # turned off
-    settings.TOOLOPS_DUE_VACUUM_DEAD_ROWS = 5
-    settings.TOOLOPS_DUE_VACUUM_SECONDS = 0.001
-    assert operations_due_upkeep()
-    assert not operations_due_upkeep()  # nothing dead any more
-    _churn(rows, 2)
-    _due_stats()
-    settings.TOOLOPS_DUE_VACUUM_SECONDS = 3600.0
-    assert not operations_due_upkeep()  # vacuumed within the hour

@@ -22,7 +22,6 @@ from django.utils import timezone
 
 from ledger.models import Operation, OperationDue
 from ledger.models.due import CLAIM_OWNER_SETTING
-from ledger.services.due import due_table_vacuum_when_due
 from ledger.services.schedule import schedule_at, schedule_leased
 from ledger.statements import statement_spelled
 from ledger.states import POLLABLE, State
@@ -303,18 +302,6 @@ def operations_dispatch_following_due(*, seconds: float,
         if wait >= left:
             return total  # nothing due before the tick ends: the next tick's first pass takes it
         time.sleep(max(wait, 0.0))
-
-
-def operations_due_upkeep() -> bool:
-    """Vacuum the due table when enough of it is dead (ledger.services.due), at most once per
-    TOOLOPS_DUE_VACUUM_SECONDS across the fleet. The dispatcher calls it after each tick, outside
-    any transaction; returns whether it vacuumed."""
-    every = float(settings.TOOLOPS_DUE_VACUUM_SECONDS)
-    if every <= 0:
-        return False
-    return due_table_vacuum_when_due(every_seconds=every,
-                                     dead_rows=int(settings.TOOLOPS_DUE_VACUUM_DEAD_ROWS),
-                                     using=router.db_for_write(OperationDue))
 
 
 def operations_poll_sooner(*, server_id: int, remote_ids: list[str]) -> int:
