@@ -153,7 +153,9 @@ def _claim_spelled(*, by_path: bool, by_servers: bool) -> str:
     pk, lease, due = col("id"), col("lease_expires_at"), col("next_poll_at")
     candidates = (
         f'SELECT c.{pk}, d."due_at" FROM "{due_table}" AS d JOIN "{table}" AS c ON c.{pk} = d."operation_id" '
-        f"WHERE set_config('{CLAIM_OWNER_SETTING}', %s, true) IS NOT NULL "
+        # Uncorrelated, so planned as a one-time filter: the setting is set once, before the
+        # walk's first row, not once per candidate.
+        f"WHERE (SELECT set_config('{CLAIM_OWNER_SETTING}', %s, true)) IS NOT NULL "
         f'AND d."due_at" <= %s{scope} AND (c.{_claimable_states_sql()}) IS TRUE '
         f'AND (c.{lease} IS NULL OR c.{lease} <= %s) AND (c.{due} <= %s OR c.{due} IS NULL) '
         f'ORDER BY d."due_at" LIMIT %s FOR UPDATE OF c SKIP LOCKED')
@@ -194,8 +196,8 @@ def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None =
         with connection.cursor() as cursor:
             cursor.execute(sql, [owner, now, *scope, now, now, batch, owner, lease_until,
                                  lease_until, lease_until])
-            # RETURNING follows the UPDATE's join, not the candidates' order: the statement puts
-            # the batch back in the order its rows became due, so the oldest are polled first.
+            # The batch comes back in the order its rows became due (the statement's ORDER BY),
+            # so the oldest are polled first.
             return [row[0] for row in cursor.fetchall()]
     # Elsewhere (SQLite, the embedded default: one writer at a time, so no row lock to skip):
     # the same walk over the due index, then the same write.

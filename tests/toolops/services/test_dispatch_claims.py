@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 import factory
@@ -27,6 +28,15 @@ def _row(*, next_poll_at: datetime | None, lease_expires_at: datetime | None) ->
                                 lease_owner="" if lease_expires_at is None else "someone")
     Operation.objects.bulk_create([op])
     return op.id
+
+
+def _assert_due_mirrors(rows: Iterable[Operation]) -> dict[uuid.UUID, datetime]:
+    """Each of these operation rows' due entry is the later of its next poll time and its lease's
+    end (the trigger's formula, whichever statement wrote it); returns the entries."""
+    entries = dict(OperationDue.objects.values_list("operation_id", "due_at"))
+    for op in rows:
+        assert entries[op.id] == max(t for t in (op.next_poll_at, op.lease_expires_at) if t), op.id
+    return entries
 
 
 def test_the_claimed_states_are_the_ones_the_due_table_holds() -> None:
@@ -209,10 +219,8 @@ def test_claims_and_transitions_at_once_never_deadlock_or_lease_a_row_twice() ->
     assert not errors, errors
     assert all(leases.values()), "every claimer took rows"
     # The due table still mirrors every row: each claimable now, or leased to its end.
-    entries = dict(OperationDue.objects.values_list("operation_id", "due_at"))
+    entries = _assert_due_mirrors(Operation.objects.filter(id__in=ids))
     assert set(entries) == set(ids)
-    for op in Operation.objects.filter(id__in=ids):
-        assert entries[op.id] == max(t for t in (op.next_poll_at, op.lease_expires_at) if t)
 
 
 def test_the_next_claimable_time_is_read_per_path_and_per_server() -> None:
@@ -256,9 +264,7 @@ def test_the_claim_moves_its_rows_due_entries_once_in_its_own_statement() -> Non
         claimed = operations_claim_due(owner="lease-fresh", limit=4)
         assert _due_updates() == 4
     assert claimed == list(reversed(due))[:4]
-    entries = dict(OperationDue.objects.values_list("operation_id", "due_at"))
-    for op in Operation.objects.all():
-        assert entries[op.id] == max(t for t in (op.next_poll_at, op.lease_expires_at) if t)
+    entries = _assert_due_mirrors(Operation.objects.all())
     assert entries[later] == now + timedelta(minutes=5)
     assert {op.lease_owner for op in Operation.objects.filter(id__in=claimed)} == {"lease-fresh"}
 
@@ -288,9 +294,7 @@ def test_the_trigger_skips_only_the_write_that_sets_the_claims_own_owner() -> No
     with transaction.atomic():
         Operation.objects.filter(id=first).update(lease_owner="", lease_expires_at=None,
                                                   next_poll_at=moved + timedelta(minutes=2))
-    entries = dict(OperationDue.objects.values_list("operation_id", "due_at"))
-    for op in Operation.objects.all():
-        assert entries[op.id] == max(t for t in (op.next_poll_at, op.lease_expires_at) if t), op.id
+    entries = _assert_due_mirrors(Operation.objects.all())
     assert entries[other] == moved and entries[third] == moved + timedelta(minutes=1)
     assert entries[first] == moved + timedelta(minutes=2)
 
