@@ -50,6 +50,15 @@ TOOLOPS_DISPATCH_FOLLOW_DUE_SECONDS = env_float("TOOLOPS_DISPATCH_FOLLOW_DUE_SEC
 # one claim transaction and one batch message. It bounds the dispatcher's commits (at most one
 # per gap) and adds at most this much to a row's first poll.
 TOOLOPS_DISPATCH_MIN_GAP_SECONDS = env_float("TOOLOPS_DISPATCH_MIN_GAP_SECONDS", 0.02)
+# The dispatcher analyzes a ledger table (ledger/services/statistics.py) once its live rows reach
+# this many times the planner's row count (plus TOOLOPS_STATS_REFRESH_MIN_ROWS): plans cached while
+# the table was nearly empty otherwise read the whole table by key until autovacuum's next round.
+# 2 means at each doubling; 0 leaves the statistics to autovacuum alone.
+TOOLOPS_STATS_REFRESH_GROWTH = env_float("TOOLOPS_STATS_REFRESH_GROWTH", 2.0)
+# Below this many rows of growth a stale plan costs little (a few hundred pages at most).
+TOOLOPS_STATS_REFRESH_MIN_ROWS = env_int("TOOLOPS_STATS_REFRESH_MIN_ROWS", 500)
+# How often the dispatcher checks (one catalog query).
+TOOLOPS_STATS_REFRESH_INTERVAL_SECONDS = env_float("TOOLOPS_STATS_REFRESH_INTERVAL_SECONDS", 2.0)
 # Never poll faster than this, whatever the server suggests (protects servers that send 0).
 TOOLOPS_POLL_FLOOR_SECONDS = env_float("TOOLOPS_POLL_FLOOR_SECONDS", 0.2)
 # Used when the server suggests no interval (SDK defaults are 0.5 s to 5 s).

@@ -15,6 +15,7 @@ from celery import shared_task
 from celery.signals import worker_before_create_process, worker_process_shutdown
 from django.conf import settings
 
+from ledger.services.statistics import ledger_statistics_refresh_grown
 from toolops.broker import dispatch_room
 from toolops.qps import qps_bucket_report
 from toolops.services.boundary import exception_redacted, operation_poll_guarded
@@ -48,6 +49,13 @@ def dispatch_due() -> int:
         input_rounds_expire_due()  # unanswered input deadlines get their recorded outcome
     except Exception as exc:
         logger.warning("input deadline sweep failed: %s", exception_redacted(exc)["type"])
+    try:  # plans cached while a table was nearly empty are re-made once it has grown
+        ledger_statistics_refresh_grown(
+            growth=float(settings.TOOLOPS_STATS_REFRESH_GROWTH),
+            min_rows=int(settings.TOOLOPS_STATS_REFRESH_MIN_ROWS),
+            min_interval_s=float(settings.TOOLOPS_STATS_REFRESH_INTERVAL_SECONDS))
+    except Exception as exc:
+        logger.warning("statistics refresh failed: %s", exception_redacted(exc)["type"])
     # Within its tick, the dispatcher also wakes when the next row falls due.
     return operations_dispatch_following_due(
         seconds=float(settings.TOOLOPS_DISPATCH_FOLLOW_DUE_SECONDS), dispatch_once=_dispatch_once)

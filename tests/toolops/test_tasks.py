@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from celery.signals import worker_before_create_process
 
-import toolops.tasks  # noqa: F401  (connects the hooks)
+import toolops.tasks  # connects the hooks
 
 _SMAPS = Path("/proc/self/smaps_rollup")
 
@@ -61,3 +61,21 @@ def test_a_pool_child_does_not_copy_the_parents_heap_when_it_collects() -> None:
     assert unfrozen > 20_000, f"control: a collection in an unfrozen child copied only {unfrozen} KB"
     assert frozen < unfrozen / 4, f"frozen: {frozen} KB copied against {unfrozen} KB unfrozen"
     del heap
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_dispatcher_tick_refreshes_the_statistics_of_a_grown_operation_table(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.db import connection
+
+    from ledger.services import statistics
+    from tests.ledger.test_statistics import _grow_to, _planned_rows
+
+    monkeypatch.setattr(statistics, "_next_check", 0.0)
+    # Only the refresh is under test here: the tick's claims would poll the rows.
+    monkeypatch.setattr(toolops.tasks, "operations_dispatch_following_due", lambda **_kw: 0)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE ledger_operation")
+    _grow_to(800)  # past 2 x 0 rows + TOOLOPS_STATS_REFRESH_MIN_ROWS (500)
+    toolops.tasks.dispatch_due()
+    assert _planned_rows() >= 800
