@@ -22,11 +22,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.utils import timezone
 
 from adapters.mcp_tasks_2025 import McpTasks2025Adapter
 from ledger.errors import LedgerError
 from ledger.models import InputRequest, Operation, OperationEvent, ToolServer
+from ledger.services.statistics import ledger_statistics_refresh_grown
 from ledger.states import OPEN, State
 from toolops.errors import ToolopsError
 from toolops.services.boundary import operations_load_for_poll
@@ -202,6 +204,11 @@ class _Run:
         """Answers, re-submits and expiry; returns when the next answer falls due."""
         server_ids = self.server_ids
         input_rounds_expire_due(server_ids=server_ids)
+        # As the fleet's dispatcher tick does: the ledger starts empty and grows through the run.
+        ledger_statistics_refresh_grown(
+            growth=float(settings.TOOLOPS_STATS_REFRESH_GROWTH),
+            min_rows=int(settings.TOOLOPS_STATS_REFRESH_MIN_ROWS),
+            min_interval_s=float(settings.TOOLOPS_STATS_REFRESH_INTERVAL_SECONDS))
         next_answer: float | None = None
         # Only rows waiting for input: a round left open on a row that went to the queue is not
         # answerable (the operator settles the row there instead).
