@@ -12,7 +12,11 @@ import uuid
 from dataclasses import dataclass, field
 
 from toolops.services.boundary import MAX_IDLE_SLEEP_SECONDS, executor_loop
-from toolops.services.dispatch import operations_claim_due, operations_next_due_at
+from toolops.services.dispatch import (
+    ledger_statistics_refresh,
+    operations_claim_due,
+    operations_next_due_at,
+)
 from toolops.services.inputs import input_rounds_expire_due
 
 __all__ = ["MAX_IDLE_SLEEP_SECONDS", "RunStats", "run_embedded"]
@@ -25,13 +29,20 @@ class RunStats:
     tick_errors: int = 0
 
 
+def _tick() -> None:
+    # Unanswered input deadlines get their recorded outcome on every tick; on PostgreSQL, plans
+    # cached while the ledger was nearly empty are made again once it has grown (as the fleet's
+    # dispatcher tick does).
+    input_rounds_expire_due()
+    ledger_statistics_refresh()
+
+
 def run_embedded(*, until_idle: bool, max_seconds: float | None) -> RunStats:
     """Poll due rows until nothing is scheduled (with `until_idle`) or the time is up."""
     owner = f"embedded-{uuid.uuid4().hex[:12]}"
     loop = executor_loop(
         owner=owner, claim=lambda: operations_claim_due(owner=owner),
         next_due=operations_next_due_at, until_idle=until_idle, max_seconds=max_seconds,
-        # Unanswered input deadlines get their recorded outcome on every tick.
-        tick=input_rounds_expire_due,
+        tick=_tick,
     )
     return RunStats(polls=loop.polls, outcomes=loop.outcomes, tick_errors=loop.tick_errors)

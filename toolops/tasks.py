@@ -15,12 +15,12 @@ from celery import shared_task
 from celery.signals import worker_before_create_process, worker_process_shutdown
 from django.conf import settings
 
-from ledger.services.statistics import ledger_statistics_refresh_grown
 from toolops.broker import dispatch_room
 from toolops.qps import qps_bucket_report
 from toolops.services.boundary import exception_redacted, operation_poll_guarded
 from toolops.services.dispatch import (
     DispatchPass,
+    ledger_statistics_refresh,
     operations_dispatch_due_batches,
     operations_dispatch_following_due,
 )
@@ -50,10 +50,7 @@ def dispatch_due() -> int:
     except Exception as exc:
         logger.warning("input deadline sweep failed: %s", exception_redacted(exc)["type"])
     try:  # plans cached while a table was nearly empty are re-made once it has grown
-        ledger_statistics_refresh_grown(
-            growth=float(settings.TOOLOPS_STATS_REFRESH_GROWTH),
-            min_rows=int(settings.TOOLOPS_STATS_REFRESH_MIN_ROWS),
-            min_interval_s=float(settings.TOOLOPS_STATS_REFRESH_INTERVAL_SECONDS))
+        ledger_statistics_refresh()
     except Exception as exc:
         logger.warning("statistics refresh failed: %s", exception_redacted(exc)["type"])
     # Within its tick, the dispatcher also wakes when the next row falls due.

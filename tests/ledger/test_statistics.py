@@ -32,9 +32,10 @@ def _planned_rows() -> float:
     return _sql("SELECT reltuples FROM pg_class WHERE relname = 'ledger_operation'")[0][0]
 
 
-def _grow_to(rows: int) -> None:
+def _grow_to(rows: int, **fields: object) -> None:
     server = ToolServerFactory()
-    Operation.objects.bulk_create(OperationFactory.build_batch(rows, server=server), batch_size=500)
+    Operation.objects.bulk_create(OperationFactory.build_batch(rows, server=server, **fields),
+                                  batch_size=500)
     _sql("SELECT pg_stat_force_next_flush()")  # this session's counts reach the shared statistics
     deadline = time.monotonic() + 10
     while _sql("SELECT n_live_tup FROM pg_stat_user_tables WHERE relname = 'ledger_operation'")[0][0] < rows:

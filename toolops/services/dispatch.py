@@ -23,6 +23,7 @@ from django.utils import timezone
 from ledger.models import Operation, OperationDue
 from ledger.models.due import CLAIM_OWNER_SETTING
 from ledger.services.schedule import schedule_at, schedule_leased
+from ledger.services.statistics import ledger_statistics_refresh_grown
 from ledger.statements import statement_spelled
 from ledger.states import POLLABLE, State
 
@@ -329,3 +330,13 @@ def operations_next_due_at(*, server_ids: Collection[int] | None = None) -> date
     """When the earliest claimable row (of these servers) becomes claimable (None when nothing
     is scheduled)."""
     return next_claimable_at(server_ids=server_ids)
+
+
+def ledger_statistics_refresh() -> list[str]:
+    """The dispatcher's refresh of the ledger's planner statistics, with the configured thresholds
+    (ledger/services/statistics.py): every loop that claims rows runs it on its tick, so plans
+    cached while the ledger was nearly empty are made again once it has grown."""
+    return ledger_statistics_refresh_grown(
+        growth=float(settings.TOOLOPS_STATS_REFRESH_GROWTH),
+        min_rows=int(settings.TOOLOPS_STATS_REFRESH_MIN_ROWS),
+        min_interval_s=float(settings.TOOLOPS_STATS_REFRESH_INTERVAL_SECONDS))

@@ -22,18 +22,20 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django.conf import settings
 from django.utils import timezone
 
 from adapters.mcp_tasks_2025 import McpTasks2025Adapter
 from ledger.errors import LedgerError
 from ledger.models import InputRequest, Operation, OperationEvent, ToolServer
-from ledger.services.statistics import ledger_statistics_refresh_grown
 from ledger.states import OPEN, State
 from toolops.errors import ToolopsError
 from toolops.services.boundary import operations_load_for_poll
 from toolops.services.cancel import operation_cancel
-from toolops.services.dispatch import operations_claim_due, operations_next_due_at
+from toolops.services.dispatch import (
+    ledger_statistics_refresh,
+    operations_claim_due,
+    operations_next_due_at,
+)
 from toolops.services.inputs import input_rounds_expire_due, operation_answer_input
 from toolops.services.observe import operation_poll
 from toolops.services.servers import _tools_table
@@ -205,10 +207,7 @@ class _Run:
         server_ids = self.server_ids
         input_rounds_expire_due(server_ids=server_ids)
         # As the fleet's dispatcher tick does: the ledger starts empty and grows through the run.
-        ledger_statistics_refresh_grown(
-            growth=float(settings.TOOLOPS_STATS_REFRESH_GROWTH),
-            min_rows=int(settings.TOOLOPS_STATS_REFRESH_MIN_ROWS),
-            min_interval_s=float(settings.TOOLOPS_STATS_REFRESH_INTERVAL_SECONDS))
+        ledger_statistics_refresh()
         next_answer: float | None = None
         # Only rows waiting for input: a round left open on a row that went to the queue is not
         # answerable (the operator settles the row there instead).
