@@ -33,6 +33,9 @@ CELERY_TASK_ROUTES = {"toolops.dispatch_due": {"queue": DISPATCH_QUEUE}}
 # How often beat fires the dispatcher: the grain at which poll schedules stored in the ledger are
 # honoured (a row due now waits at most this long for its claim). One claim transaction a tick.
 TOOLOPS_DISPATCH_INTERVAL_SECONDS = env_float("TOOLOPS_DISPATCH_INTERVAL_SECONDS", 0.25)
+# Celery's own persistent scheduler spins (no sleep) through the last 10 ms before each run;
+# at four ticks a second that was most of an idle fleet's CPU (toolops/beat.py).
+CELERY_BEAT_SCHEDULER = "toolops.beat:SleepingScheduler"
 CELERY_BEAT_SCHEDULE = {
     "toolops-dispatch-due": {
         "task": "toolops.dispatch_due",
