@@ -114,6 +114,23 @@ def _operation_built(alias: str, compiled: _Compiled, values: list[Any]) -> Oper
     return op
 
 
+def operation_read_columns(*, alias: str) -> str:
+    """The column list of the operation read (the row's columns, then its server's), for a write
+    that returns the rows it changed as that read loads them (`UPDATE ... FROM` the server table
+    `RETURNING` these): the write and the read in one statement."""
+    head, found, _rest = _compile(alias).sql.partition(" FROM ")
+    if not found or not head.startswith("SELECT "):
+        raise RuntimeError("the operation read is not a plain SELECT ... FROM")
+    return head[len("SELECT "):]
+
+
+def operations_from_rows(*, alias: str, rows: Sequence[Sequence[Any]]) -> dict[uuid.UUID, Operation]:
+    """Rows selected with `operation_read_columns`, built as `operations_load` builds its own."""
+    compiled = _compile(alias)
+    built = (_operation_built(alias, compiled, _converted(alias, compiled, row)) for row in rows)
+    return {op.id: op for op in built}
+
+
 def _batch_sql(alias: str) -> str:
     """The one-row read with the key compared to an array (`= ANY(%s)`, PostgreSQL): one
     statement text, prepared once, whatever the batch's size."""

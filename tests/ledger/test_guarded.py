@@ -179,12 +179,19 @@ def test_held_leases_are_extended_only_where_still_held() -> None:
     with CaptureQueriesContext(connection) as sent:
         extended = operations_leases_extend(ids=[op.id for op in everyone], owner="w1",
                                             until=later, now=now, states=POLLABLE)
-    assert extended == 2
+    assert set(extended) == {op.id for op in held}
     assert len(sent.captured_queries) == 1
     for op in held:
         op.refresh_from_db()
         assert (op.lease_owner, op.lease_expires_at) == ("w1", later)
         assert op.poll_attempts == before[op.id][2] + 1
+        # What it returns is the row as written, with its server, as a read right after gives.
+        returned, name = extended[op.id], op.server.name
+        with CaptureQueriesContext(connection) as reads:
+            assert returned.server.name == name
+        assert not reads.captured_queries
+        assert {f.attname: getattr(returned, f.attname) for f in Operation._meta.concrete_fields} == \
+            {f.attname: getattr(op, f.attname) for f in Operation._meta.concrete_fields}
     for op in (ran_out, taken, waiting):  # never revived, never taken over
         op.refresh_from_db()
         assert (op.lease_owner, op.lease_expires_at, op.poll_attempts) == before[op.id]

@@ -13,8 +13,9 @@ Holding: a working row whose next poll is due within TOOLOPS_POLL_HOLD_SECONDS k
 (written by the poll's own guarded UPDATE, with its `next_poll_at` as usual: the ledger stays the
 source of truth) and the process's holder thread polls it again at that time, instead of
 releasing it to the dispatcher tick and the broker. Before each held poll the holder renews the
-lease with a guarded UPDATE that requires the lease to be still ours and unexpired; the poll
-itself re-checks it on load and on every write. If the process dies or falls behind, the held
+lease with a guarded UPDATE that requires the lease to be still ours and unexpired and returns
+the renewed rows with their servers (so those polls need no read of their own); the poll itself
+re-checks the lease on that row and on every write. If the process dies or falls behind, the held
 lease ends TOOLOPS_POLL_HOLD_GRACE_SECONDS after the due time and the dispatcher claims the row.
 
 Threads and the database: each poll thread and the holder thread has its own Django connection
@@ -169,7 +170,8 @@ class _Holder:
                     try:
                         check(failed=failed)
                         failed = False
-                        operations_hold_renew(ids=ids, owner=owner)
+                        # The renewed rows come back read: their polls need no read of their own.
+                        renewed = operations_hold_renew(ids=ids, owner=owner)
                     except Exception as exc:
                         failed = True
                         # The rows keep their held leases, which run out; the dispatcher re-claims.
@@ -178,7 +180,8 @@ class _Holder:
                     # Not waited for: the next due rows must not queue behind this round's polls.
                     # Its own threads, never _pool(): while stopping, that would start anew.
                     for row_id, future in _submit_rows(threads=self._threads, holder=self,
-                                                       operation_ids=ids, lease_owner=owner):
+                                                       operation_ids=ids, lease_owner=owner,
+                                                       loaded=renewed):
                         future.add_done_callback(partial(self._settled, row_id, owner))
         finally:
             connections.close_all()
@@ -215,10 +218,11 @@ def _pool() -> tuple[_PollThreads, _Holder]:
         return _threads, _holder
 
 
-def operations_hold_renew(*, ids: list[uuid.UUID], owner: str) -> int:
+def operations_hold_renew(*, ids: list[uuid.UUID], owner: str) -> dict[uuid.UUID, Operation]:
     """Extend the held leases of rows now due, as a claim would (a full lease, one more poll
-    attempt), but only where the lease is still ours and unexpired. A row that fails this check
-    is then refused by its own poll (`stale_lease`): the dispatcher owns it again."""
+    attempt), but only where the lease is still ours and unexpired; returns the renewed rows as
+    read after the write. A row that fails this check is absent: its poll reads it and refuses it
+    (`stale_lease`), and the dispatcher owns it again."""
     now = timezone.now()
     return operations_leases_extend(
         ids=ids, owner=owner, now=now, states=POLLABLE,
@@ -248,15 +252,18 @@ def _poll_rows(*, threads: _PollThreads, holder: _Holder, operation_ids: list[uu
 
 
 def _submit_rows(*, threads: _PollThreads, holder: _Holder, operation_ids: list[uuid.UUID],
-                 lease_owner: str) -> list[tuple[uuid.UUID, Future[str]]]:
-    """Hand each row to the poll threads, inside the per-row error boundary."""
+                 lease_owner: str, loaded: dict[uuid.UUID, Operation] | None = None,
+                 ) -> list[tuple[uuid.UUID, Future[str]]]:
+    """Hand each row to the poll threads, inside the per-row error boundary. `loaded`: rows
+    already read (the held rows' renewal returns them); otherwise the batch is read here."""
     hold_seconds = float(settings.TOOLOPS_POLL_HOLD_SECONDS)
     hold_until = None
     if hold_seconds > 0 and holder.size() < int(settings.TOOLOPS_POLL_HOLD_MAX_ROWS):
         hold_until = timezone.now() + timedelta(seconds=hold_seconds)
     # The batch's rows are read here in one statement, not by each poll (one round trip per
     # batch instead of per row); a row missing from the read is read by its own poll.
-    loaded = operations_load_for_poll(operation_ids=operation_ids)
+    if loaded is None:
+        loaded = operations_load_for_poll(operation_ids=operation_ids)
     return [(op_id, threads.submit(partial(operation_poll_guarded, operation_id=op_id,
                                            lease_owner=lease_owner, hold_until=hold_until,
                                            loaded=loaded.get(op_id))))
