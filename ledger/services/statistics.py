@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connections, router, transaction
 
 from ledger.models import Operation, OperationDue
 
@@ -60,6 +60,8 @@ def ledger_statistics_refresh_grown(*, growth: float, min_rows: int,
     `min_rows`; returns the tables analyzed. At most one check per `min_interval_s` in this
     process (the check is one catalog query). PostgreSQL only; `growth <= 0` turns it off."""
     global _next_check
+    alias = router.db_for_write(Operation)  # the ledger's database, as every ledger write finds it
+    connection = connections[alias]
     if growth <= 0 or connection.vendor != "postgresql":
         return []
     with _lock:
@@ -73,7 +75,7 @@ def ledger_statistics_refresh_grown(*, growth: float, min_rows: int,
     analyzed = []
     for table, planned, live in grown:
         try:
-            with transaction.atomic(), connection.cursor() as cursor:
+            with transaction.atomic(using=alias), connection.cursor() as cursor:
                 cursor.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
                 cursor.execute(f"ANALYZE {connection.ops.quote_name(table)}")
         except DatabaseError as exc:  # lock not granted in time: someone else is analyzing it
