@@ -154,12 +154,10 @@ def operations_load(*, operation_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Op
     if connection.vendor != "postgresql":
         query = Operation.objects.using(alias).select_related("server")
         return {op.id: op for op in query.filter(id__in=list(operation_ids))}
-    compiled = _compile(alias)
     with connection.cursor() as cursor:
         cursor.execute(_batch_sql(alias), [list(operation_ids)])
         rows = cursor.fetchall()
-    built = (_operation_built(alias, compiled, _converted(alias, compiled, row)) for row in rows)
-    return {op.id: op for op in built}
+    return operations_from_rows(alias=alias, rows=rows)
 
 
 def operation_submission_key_taken(*, submission_key: str) -> bool:

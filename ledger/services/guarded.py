@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, connections, router
+from django.db import IntegrityError, connections, router, transaction
 from django.db.models import F, Field, Value
 from django.db.models.expressions import CombinedExpression
 from django.utils import timezone
@@ -197,10 +197,13 @@ def operations_leases_extend(*, ids: Sequence[Any], owner: str, until: datetime,
     fields = {**lease_extended(until=until), "updated_at": now}
     connection = connections[router.db_for_write(Operation)]
     if connection.vendor != "postgresql":
-        guards = Operation.objects.filter(id__in=list(ids), lease_owner=owner, lease_expires_at__gt=now,
-                                          state__in=list(states))
-        matched = list(guards.values_list("id", flat=True))
-        guards.filter(id__in=matched).update(**fields, poll_attempts=F("poll_attempts") + 1)
+        # One transaction (on SQLite it takes the write lock first): the rows found are the rows
+        # written, with no second pass of the guards.
+        with transaction.atomic(using=connection.alias):
+            matched = list(Operation.objects.filter(
+                id__in=list(ids), lease_owner=owner, lease_expires_at__gt=now, state__in=list(states),
+            ).values_list("id", flat=True))
+            Operation.objects.filter(id__in=matched).update(**fields, poll_attempts=F("poll_attempts") + 1)
         return operations_load(operation_ids=matched)
 
     def spell() -> str:

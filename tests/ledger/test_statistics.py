@@ -12,35 +12,15 @@ import psycopg
 import pytest
 from django.db import connection
 
-from ledger.models import Operation
 from ledger.services import statistics
 from ledger.services.statistics import ledger_statistics_refresh_grown
-from tests.ledger.factories import OperationFactory, ToolServerFactory
+from tests.ledger.table_growth import grow_to as _grow_to
+from tests.ledger.table_growth import planned_rows as _planned_rows
+from tests.ledger.table_growth import sql_rows as _sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ROWS = 2000
-
-
-def _sql(sql: str) -> list[tuple]:
-    with connection.cursor() as cursor:
-        cursor.execute(sql)
-        return cursor.fetchall() if cursor.description else []
-
-
-def _planned_rows() -> float:
-    return _sql("SELECT reltuples FROM pg_class WHERE relname = 'ledger_operation'")[0][0]
-
-
-def _grow_to(rows: int, **fields: object) -> None:
-    server = ToolServerFactory()
-    Operation.objects.bulk_create(OperationFactory.build_batch(rows, server=server, **fields),
-                                  batch_size=500)
-    _sql("SELECT pg_stat_force_next_flush()")  # this session's counts reach the shared statistics
-    deadline = time.monotonic() + 10
-    while _sql("SELECT n_live_tup FROM pg_stat_user_tables WHERE relname = 'ledger_operation'")[0][0] < rows:
-        assert time.monotonic() < deadline, "the statistics system never counted the new rows"
-        time.sleep(0.1)
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ from django.db import connection
 
 from ledger.services import statistics
 from ledger.states import State
-from tests.ledger.test_statistics import _grow_to, _planned_rows
+from tests.ledger.table_growth import grow_to as _grow_to
+from tests.ledger.table_growth import planned_rows as _planned_rows
 from toolops.runner import run_embedded
 
 pytestmark = pytest.mark.django_db(transaction=True)

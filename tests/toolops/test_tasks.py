@@ -69,7 +69,8 @@ def test_the_dispatcher_tick_refreshes_the_statistics_of_a_grown_operation_table
     from django.db import connection
 
     from ledger.services import statistics
-    from tests.ledger.test_statistics import _grow_to, _planned_rows
+    from tests.ledger.table_growth import grow_to as _grow_to
+    from tests.ledger.table_growth import planned_rows as _planned_rows
 
     monkeypatch.setattr(statistics, "_next_check", 0.0)
     # Only the refresh is under test here: the tick's claims would poll the rows.
