@@ -13,6 +13,7 @@ from django.db.models import F, Field, Value
 from django.db.models.expressions import CombinedExpression
 from django.utils import timezone
 
+from ledger.flush import flush_deferrable, flush_deferred_condition
 from ledger.models import Operation, OperationEvent, ToolServer
 from ledger.selectors.rows import operation_read_columns, operations_from_rows, operations_load
 from ledger.services.events import EventSpec, event_columns
@@ -55,10 +56,11 @@ def guarded_update_direct(*, guards: Mapping[str, Any], fields: Mapping[str, Any
 
 
 def guarded_update_statement(*, connection: Any, guards: Mapping[str, Any], fields: Mapping[str, Any],
-                      returning: Sequence[str]) -> tuple[str, list[Any]]:
+                      returning: Sequence[str], defer_flush: bool = False) -> tuple[str, list[Any]]:
     """The direct guarded UPDATE's text (kept per shape) and its parameters, for guarded_update
     and for a caller that sends it inside a larger statement (a data-modifying CTE). The caller
-    checks that the UPDATE can be spelled directly (guarded_update_direct)."""
+    checks that the UPDATE can be spelled directly (guarded_update_direct), and that a statement
+    spelled with `defer_flush` is a transaction by itself (ledger.flush)."""
     meta = Operation._meta
     params: list[Any] = []
     steps: list[bool] = []
@@ -88,6 +90,8 @@ def guarded_update_statement(*, connection: Any, guards: Mapping[str, Any], fiel
             check = f"{qn(operation_column(name).column)} {_COMPARISONS[lookup]} %s"
             where.append(f"({check}) IS TRUE" if by_key and key != "id" else check)
         sql = f"UPDATE {qn(meta.db_table)} SET {', '.join(sets)} WHERE {' AND '.join(where)}"
+        if defer_flush:
+            sql += flush_deferred_condition()
         if returning:
             sql += f" RETURNING {', '.join(qn(operation_column(n).column) for n in returning)}"
         return sql
@@ -95,12 +99,13 @@ def guarded_update_statement(*, connection: Any, guards: Mapping[str, Any], fiel
     # The text depends only on the statement's shape (which columns, which are increments, which
     # guards, what is read back); the shapes are the code's own call sites, a few dozen.
     sql = statement_spelled(site="guarded_update", spell=spell, shape=(
-        connection.alias, tuple(fields), tuple(steps), tuple(guards), tuple(returning)))
+        connection.alias, tuple(fields), tuple(steps), tuple(guards), tuple(returning), defer_flush))
     return sql, params
 
 
 def guarded_update(*, guards: Mapping[str, Any], fields: Mapping[str, Any],
-                    returning: Sequence[str] = ()) -> tuple[int, tuple[Any, ...] | None]:
+                    returning: Sequence[str] = (), defer_flush: bool = False,
+                    ) -> tuple[int, tuple[Any, ...] | None]:
     """The compare-and-set UPDATE of one row: (rows matched, the `returning` columns or None).
 
     Spelled directly from the model's columns: plain values, `F(column) + n` on the column itself,
@@ -108,14 +113,18 @@ def guarded_update(*, guards: Mapping[str, Any], fields: Mapping[str, Any],
     costs more CPU than its round trip, and every poll cycle writes through here. Anything else
     (another expression, a model instance, a lookup across a relation) goes through the ORM, which
     cannot read columns back.
+
+    `defer_flush`: the write is bookkeeping that is safe to lose in a crash (ledger.flush); where
+    the statement is a transaction by itself, its commit does not wait for the WAL flush.
     """
     if not guarded_update_direct(guards=guards, fields=fields):
         if returning:
             raise ValueError("reading columns back needs a direct UPDATE: plain values and guards")
         return Operation.objects.filter(**guards).update(**fields), None
     connection = connections[router.db_for_write(Operation)]
-    sql, params = guarded_update_statement(connection=connection, guards=guards, fields=fields,
-                                    returning=returning)
+    sql, params = guarded_update_statement(
+        connection=connection, guards=guards, fields=fields, returning=returning,
+        defer_flush=defer_flush and flush_deferrable(connection=connection))
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         if returning:
@@ -180,7 +189,7 @@ def guarded_update_with_event(
 
 
 def operations_leases_extend(*, ids: Sequence[Any], owner: str, until: datetime, now: datetime,
-                             states: Iterable[str]) -> dict[Any, Operation]:
+                             states: Iterable[str], defer_flush: bool = False) -> dict[Any, Operation]:
     """Move the leases of the rows `ids` that `owner` still holds (unexpired at `now`, in one of
     `states`) to `until`, counting one more poll attempt, as a claim would. Returns the rows
     extended, each with its server, as `operations_load` would read them right after.
@@ -192,7 +201,8 @@ def operations_leases_extend(*, ids: Sequence[Any], owner: str, until: datetime,
     ... FROM` the server table `RETURNING` the batch read's columns), so the polls that follow
     need no read of their own: one statement where the renewal and the batch's read were two.
     The other guards are checks on the rows found by key, spelled so that no index can serve them
-    (see guarded_update_statement).
+    (see guarded_update_statement). `defer_flush`: as guarded_update's (a lease renewal lost in a
+    crash leaves a shorter lease; the rows are claimed again once it runs out).
     """
     fields = {**lease_extended(until=until), "updated_at": now}
     connection = connections[router.db_for_write(Operation)]
@@ -205,6 +215,7 @@ def operations_leases_extend(*, ids: Sequence[Any], owner: str, until: datetime,
             ).values_list("id", flat=True))
             Operation.objects.filter(id__in=matched).update(**fields, poll_attempts=F("poll_attempts") + 1)
         return operations_load(operation_ids=matched)
+    deferred = defer_flush and flush_deferrable(connection=connection)
 
     def spell() -> str:
         qn = connection.ops.quote_name
@@ -221,10 +232,11 @@ def operations_leases_extend(*, ids: Sequence[Any], owner: str, until: datetime,
         return (f"UPDATE {op} SET {sets}, {attempts} = {col('poll_attempts')} + 1 FROM {server} "
                 f"WHERE {server}.{qn('id')} = {col('server')} AND {col('id')} = ANY(%s) "
                 f"AND ({col('lease_owner')} = %s) IS TRUE AND ({col('lease_expires_at')} > %s) IS TRUE "
-                f"AND ({col('state')} = ANY(%s)) IS TRUE RETURNING {returning}")
+                f"AND ({col('state')} = ANY(%s)) IS TRUE"
+                f"{flush_deferred_condition() if deferred else ''} RETURNING {returning}")
 
-    sql = statement_spelled(site="operations_leases_extend", shape=(connection.alias, tuple(fields)),
-                            spell=spell)
+    sql = statement_spelled(site="operations_leases_extend",
+                            shape=(connection.alias, tuple(fields), deferred), spell=spell)
     params = [value_for_db(operation_column(name), value, connection) for name, value in fields.items()]
     params += [list(ids), owner, operation_column("lease_expires_at").get_db_prep_value(now, connection),
                [str(state) for state in states]]

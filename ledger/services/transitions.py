@@ -264,10 +264,12 @@ def operation_write_guarded(
     lease_owner: str,
     updates: Mapping[str, Any],
     extra_filters: Mapping[str, Any] | None = None,
+    defer_flush: bool = False,
 ) -> bool:
     """The guarded UPDATE of operation_update_guarded without its event: for a write that changes
     nothing an operator must see (a poll whose answer is the same as the last: its schedule and
-    counters). False, writing nothing, when the row no longer matches."""
+    counters). False, writing nothing, when the row no longer matches. `defer_flush`: see
+    guarded_update."""
     fields: dict[str, Any] = dict(updates)
     if "state" in fields or "execution_epoch" in fields:
         raise ValueError("state and execution_epoch change only through their own services")
@@ -275,4 +277,4 @@ def operation_write_guarded(
     guards: dict[str, Any] = {"id": operation_id, "state": State(state),
                               "execution_epoch": execution_epoch, "lease_owner": lease_owner,
                               **(extra_filters or {})}
-    return guarded_update(guards=guards, fields=fields)[0] == 1
+    return guarded_update(guards=guards, fields=fields, defer_flush=defer_flush)[0] == 1

@@ -46,6 +46,13 @@ CLAIM_BUDGET = 1
 # its first commit one statement: the locks, the check that the rows are the versions read, the
 # row and its event (toolops/services/admission.py); then the reply.
 STATEMENT_BUDGET = {"submit": 3, "working_poll": 2, "terminal_poll": 2, "next_submit": 2}
+# Commits that write and wait for their WAL flush (ledger/flush.py), exactly: both of the
+# submit's (the row before the send, the reply the caller is told) and the acceptance; a working
+# poll's write is bookkeeping whose commit does not wait, and a read writes no WAL. A flush more
+# is a cost; a flush less would make a step's promise lost in a crash.
+FLUSHES = {"submit": 2, "working_poll": 0, "terminal_poll": 1, "next_submit": 2}
+CLAIM_FLUSHES = 0
+_WRITES = ("UPDATE", "INSERT", "DELETE", "WITH")
 
 
 @dataclass
@@ -53,10 +60,17 @@ class Tally:
     statements: int = 0
     transactions: set[Any] = field(default_factory=set)
     sql: list[str] = field(default_factory=list)
+    writing: set[Any] = field(default_factory=set)
+    deferred: set[Any] = field(default_factory=set)
 
     @property
     def commits(self) -> int:
         return len(self.transactions)
+
+    @property
+    def flushes(self) -> int:
+        """Transactions that wrote and whose commit waits for the WAL flush."""
+        return len(self.writing - self.deferred)
 
 
 @contextmanager
@@ -69,9 +83,14 @@ def counting() -> Iterator[Tally]:
         tally.sql.append(sql[:120])
         if connection.in_atomic_block and connection.atomic_blocks:
             # One PostgreSQL transaction per outermost atomic block.
-            tally.transactions.add(("atomic", id(connection.atomic_blocks[0])))
+            key: Any = ("atomic", id(connection.atomic_blocks[0]))
         else:
-            tally.transactions.add(("autocommit", next(serial)))
+            key = ("autocommit", next(serial))
+        tally.transactions.add(key)
+        if sql.lstrip().upper().startswith(_WRITES):
+            tally.writing.add(key)
+        if "'synchronous_commit', 'off'" in sql:
+            tally.deferred.add(key)
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(wrapper):
@@ -86,6 +105,7 @@ def _claim_one(op: Operation) -> str:
         ids = operations_claim_due(owner=owner)
     assert ids == [op.id]
     assert claim.commits <= CLAIM_BUDGET, claim.sql
+    assert claim.flushes == CLAIM_FLUSHES, claim.sql
     return owner
 
 
@@ -133,9 +153,10 @@ def test_commits_per_step_of_a_completed_call(server: ToolServer) -> None:
 
     steps = {"submit": submit, "working_poll": working, "terminal_poll": terminal,
              "next_submit": next_submit}
-    report = {name: (t.commits, t.statements) for name, t in steps.items()}
-    print("commits, statements per step:", report)
+    report = {name: (t.commits, t.statements, t.flushes) for name, t in steps.items()}
+    print("commits, statements, flushed commits per step:", report)
     for name, tally in steps.items():
+        assert tally.flushes == FLUSHES[name], (name, tally.flushes, tally.sql)
         assert tally.commits <= BUDGET[name], (name, tally.commits, tally.sql)
         assert tally.statements <= STATEMENT_BUDGET[name], (name, tally.statements, tally.sql)
     assert sum(steps[name].commits for name in ("submit", "working_poll", "terminal_poll")) \

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
@@ -20,6 +21,7 @@ from django.db import connections, router, transaction
 from django.db.models import F, Field, Q
 from django.utils import timezone
 
+from ledger.flush import flush_deferrable, transaction_flush_deferred
 from ledger.models import Operation, OperationDue
 from ledger.models.due import CLAIM_OWNER_SETTING
 from ledger.services.schedule import schedule_at, schedule_leased
@@ -215,10 +217,24 @@ def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None =
     return ids
 
 
+@contextmanager
+def _claim_transaction() -> Iterator[None]:
+    """The claim's transaction. A claim lost in a database crash only leaves its rows to be
+    claimed again (every later write re-checks the lease in SQL, and a poll it led to only reads
+    the server), so where this block owns its transaction the commit does not wait for the WAL
+    flush (ledger/flush.py)."""
+    connection = connections[router.db_for_write(Operation)]
+    deferred = bool(settings.TOOLOPS_DEFERRED_FLUSH) and flush_deferrable(connection=connection)
+    with transaction.atomic(using=connection.alias):
+        if deferred:
+            transaction_flush_deferred(using=connection.alias)
+        yield
+
+
 def operations_claim_due(*, owner: str, limit: int | None = None,
                          server_ids: Collection[int] | None = None) -> list[uuid.UUID]:
     """One transaction: lock due, unleased rows (`FOR UPDATE SKIP LOCKED`), lease them."""
-    with transaction.atomic():
+    with _claim_transaction():
         return claim_due_locked(owner=owner, limit=limit, server_ids=server_ids)
 
 
@@ -232,7 +248,7 @@ def operations_dispatch_due(*, enqueue: Callable[[uuid.UUID, str], None], room: 
         return 0
     batch = int(settings.TOOLOPS_CLAIM_BATCH)
     owner = f"lease-{uuid.uuid4().hex}"
-    with transaction.atomic():
+    with _claim_transaction():
         ids = claim_due_locked(owner=owner, limit=batch if room is None else min(room, batch))
         for op_id in ids:
             # Never enqueue inside the transaction: a rolled-back claim must send nothing.
@@ -264,7 +280,7 @@ def operations_dispatch_due_batches(
     size = max(int(batch_size or settings.TOOLOPS_POLL_BATCH_SIZE), 1)
     claim = int(settings.TOOLOPS_CLAIM_BATCH)
     owner = f"lease-{uuid.uuid4().hex}"
-    with transaction.atomic():
+    with _claim_transaction():
         ids = claim_due_locked(owner=owner, limit=claim if room is None else min(room, claim))
         for start in range(0, len(ids), size):
             # Never enqueue inside the transaction: a rolled-back claim must send nothing.

@@ -7,6 +7,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
@@ -233,9 +234,12 @@ def _record_working(*, op: Operation, lease_owner: str, task: RemoteTask, fields
             known={"cancel_generation": op.cancel_generation},
         )
     else:
+        # Only the schedule and counters: safe to lose in a crash (the row is polled again), so
+        # its commit need not wait for the WAL flush (ledger/flush.py).
         ok = operation_write_guarded(
             operation_id=op.id, state=op.state, execution_epoch=op.execution_epoch,
             lease_owner=lease_owner, updates={**fields, **lease}, extra_filters=seq_guard,
+            defer_flush=bool(settings.TOOLOPS_DEFERRED_FLUSH),
         )
     if not ok:
         return "stale_observation"

@@ -226,7 +226,8 @@ def operations_hold_renew(*, ids: list[uuid.UUID], owner: str) -> dict[uuid.UUID
     now = timezone.now()
     return operations_leases_extend(
         ids=ids, owner=owner, now=now, states=POLLABLE,
-        until=now + timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS)))
+        until=now + timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS)),
+        defer_flush=bool(settings.TOOLOPS_DEFERRED_FLUSH))
 
 
 def operations_poll_batch(*, operation_ids: list[uuid.UUID], lease_owner: str) -> dict[str, int]:
