@@ -62,9 +62,9 @@ TOOLOPS_STATS_REFRESH_INTERVAL_SECONDS = env_float("TOOLOPS_STATS_REFRESH_INTERV
 # Bookkeeping commits that are safe to lose in a database crash (a poll answer that changed nothing
 # but the schedule and counters, a held row's lease renewal, a dispatcher's claim) do not wait for
 # their WAL flush (ledger/flush.py): a lost one means a row polled again or a lease made again.
-# Every commit before an effect outside the database, and every acceptance, still waits. Waiting
-# cost a third of the box's CPU per call in a burst here (synchronous_commit on against off: 8.0
-# against 5.7 ms). False makes every commit wait.
+# Every commit before an effect outside the database, and every acceptance, still waits. Such a
+# write costs about 30 % less of the box's CPU when it does not wait (benchmarks/deferred_flush.py:
+# 245 against 355 us). False makes every commit wait.
 TOOLOPS_DEFERRED_FLUSH = env_bool("TOOLOPS_DEFERRED_FLUSH", True)
 # Never poll faster than this, whatever the server suggests (protects servers that send 0).
 TOOLOPS_POLL_FLOOR_SECONDS = env_float("TOOLOPS_POLL_FLOOR_SECONDS", 0.2)

@@ -76,11 +76,13 @@ class Cluster:
             os.chown(self.dir, entry.pw_uid, entry.pw_gid)
         self._run("initdb", "-D", str(self.data), "-U", "root", "--auth=trust", "-E", "UTF8")
 
-    def _run(self, tool: str, *args: str) -> None:
+    def _command(self, tool: str, *args: str) -> list[str]:
         cmd = [str(self.bin / tool), *args]
-        if self.owner:
-            cmd = ["runuser", "-u", self.owner, "--", *cmd]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        return ["runuser", "-u", self.owner, "--", *cmd] if self.owner else cmd
+
+    def _run(self, tool: str, *args: str) -> None:
+        done = subprocess.run(self._command(tool, *args), capture_output=True, text=True,
+                              timeout=120, check=False)
         assert done.returncode == 0, f"{tool} failed:\n{done.stdout}\n{done.stderr}"
 
     def start(self) -> None:
@@ -106,10 +108,8 @@ class Cluster:
             return list(conn.execute(sql).fetchall())
 
     def remove(self) -> None:
-        subprocess.run([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"]
-                       if not self.owner else
-                       ["runuser", "-u", self.owner, "--", str(self.bin / "pg_ctl"), "-D",
-                        str(self.data), "-m", "immediate", "stop"],
+        # Not checked: the cluster may already be down (a failed start, a crash not restarted).
+        subprocess.run(self._command("pg_ctl", "-D", str(self.data), "-m", "immediate", "stop"),
                        capture_output=True, timeout=60, check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
 

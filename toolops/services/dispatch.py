@@ -220,9 +220,10 @@ def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None =
 @contextmanager
 def _claim_transaction() -> Iterator[None]:
     """The claim's transaction. A claim lost in a database crash only leaves its rows to be
-    claimed again (every later write re-checks the lease in SQL, and a poll it led to only reads
-    the server), so where this block owns its transaction the commit does not wait for the WAL
-    flush (ledger/flush.py)."""
+    claimed again: every later write re-checks the lease in SQL, and a request the claim led to
+    is one a second claimer may repeat anyway once a lease runs out (a read, a cancel whose
+    request was recorded first, a lookup or resend under the same key). So where this block owns
+    its transaction, the commit does not wait for the WAL flush (ledger/flush.py)."""
     connection = connections[router.db_for_write(Operation)]
     deferred = bool(settings.TOOLOPS_DEFERRED_FLUSH) and flush_deferrable(connection=connection)
     with transaction.atomic(using=connection.alias):
