@@ -21,16 +21,17 @@ TOOLOPS_DISPATCH_MAX_QUEUED = env_int("TOOLOPS_DISPATCH_MAX_QUEUED", 100)
 # Rows per poll message (toolops.poll_batch): one broker message, one task and one prefork slot
 # carry this many polls, run concurrently on the process's poll threads.
 TOOLOPS_POLL_BATCH_SIZE = env_int("TOOLOPS_POLL_BATCH_SIZE", 16)
-# Poll threads per worker process (toolops/services/poll_batch.py). A poll mostly waits on the
-# server, PostgreSQL and Redis; a few threads keep those waits overlapped without a process each
-# (every thread holds its own database connection, so this also bounds the connections). Two, not
-# more: the threads of one process share its GIL, so beyond overlapping waits they only let a
-# saturated worker poll its backlog the moment each row falls due, which under a burst is mostly
-# polls answered "working" (1.6 polls per call with four threads, 1.05 with two, for 1 s tasks),
-# CPU taken from the calls still being submitted. Measured with the perf harness in one run: two
-# threads gave x1.3 to x1.6 the calls/s of four and the same paced latency. A fleet whose servers
-# are far away (each poll waits tens of milliseconds on the network) should raise it.
-TOOLOPS_POLL_THREADS = env_int("TOOLOPS_POLL_THREADS", 2)
+# Poll threads per worker process (toolops/services/poll_batch.py): the most polls one process
+# runs at once. A poll mostly waits on the server, PostgreSQL and Redis; threads overlap those
+# waits without a process each (every thread holds its own database connection, so this also
+# bounds the connections). How many of them run at once adapts (TOOLOPS_POLL_ADAPTIVE).
+TOOLOPS_POLL_THREADS = env_int("TOOLOPS_POLL_THREADS", 4)
+# Whether the polls in flight per process follow the machine's idle CPU, between one and
+# TOOLOPS_POLL_THREADS (toolops/services/poll_concurrency.py): all of them while CPU is to spare,
+# one on a saturated machine, where every extra poll in flight is a row polled the moment it
+# falls due, mostly answered "working" (one instead of two per process: x1.2 calls/s in bursts,
+# the same paced latency). False runs all the threads at once.
+TOOLOPS_POLL_ADAPTIVE = env_bool("TOOLOPS_POLL_ADAPTIVE", True)
 # A working row whose next poll is due within this many seconds is kept by the worker process
 # that polled it and polled again there at its time (its lease kept, its schedule written as
 # usual), instead of going back through the dispatcher tick and the broker, whose round trip

@@ -51,6 +51,7 @@ from ledger.services.schedule import RELEASE
 from ledger.states import POLLABLE
 from toolops.services.boundary import operation_poll_guarded, operations_load_for_poll
 from toolops.services.db_retry import exception_redacted
+from toolops.services.poll_concurrency import PollConcurrency, poll_concurrency_new
 
 logger = logging.getLogger("toolops.poll_batch")
 
@@ -74,10 +75,13 @@ class _ConnectionCheck:
 
 
 class _PollThreads:
-    """A fixed set of threads running row jobs; each closes its DB connections when it stops."""
+    """A fixed set of threads running row jobs, at most `gate.limit` at once (the gate adapts it
+    to the machine's idle CPU, toolops.services.poll_concurrency); each thread closes its DB
+    connections when it stops."""
 
-    def __init__(self, *, size: int) -> None:
+    def __init__(self, *, size: int, gate: PollConcurrency) -> None:
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._gate = gate
         self._threads = [threading.Thread(target=self._run, name=f"toolops-poll-{i}", daemon=True)
                          for i in range(max(size, 1))]
         for thread in self._threads:
@@ -92,9 +96,12 @@ class _PollThreads:
                 if item is _STOP:
                     return
                 job, future = item
-                if not future.set_running_or_notify_cancel():
-                    continue
+                # The job in hand waits for a slot, never a thread without one: a wait here is
+                # rows asking for more polls in flight than the limit (the gate's demand signal).
+                self._gate.acquire()
                 try:
+                    if not future.set_running_or_notify_cancel():
+                        continue
                     check(failed=failed)  # a broken or expired connection is replaced first
                     outcome = job()
                     # A crash the boundary recorded may have left the connection broken.
@@ -103,6 +110,8 @@ class _PollThreads:
                 except BaseException as exc:  # the boundary returns labels; this is a last resort
                     failed = True
                     future.set_exception(exc)
+                finally:
+                    self._gate.release()
         finally:
             connections.close_all()
 
@@ -114,6 +123,7 @@ class _PollThreads:
     def stop(self) -> None:
         for _ in self._threads:
             self._jobs.put(_STOP)
+        self._gate.open()  # the jobs already taken run now, whatever the limit
         for thread in self._threads:
             thread.join(timeout=5.0)
 
@@ -213,7 +223,9 @@ def _pool() -> tuple[_PollThreads, _Holder]:
     global _threads, _holder
     with _lock:
         if _threads is None or _holder is None:
-            _threads = _PollThreads(size=int(settings.TOOLOPS_POLL_THREADS))
+            size = int(settings.TOOLOPS_POLL_THREADS)
+            gate = poll_concurrency_new(most=size, adaptive=bool(settings.TOOLOPS_POLL_ADAPTIVE))
+            _threads = _PollThreads(size=size, gate=gate)
             _holder = _Holder(threads=_threads)
         return _threads, _holder
 

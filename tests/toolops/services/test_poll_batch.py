@@ -40,8 +40,10 @@ GRACE = 2.0
 @pytest.fixture(autouse=True)
 def _poll_threads(transactional_db: None) -> Iterator[None]:
     """Each test starts its process's poll threads afresh and stops them before the flush."""
-    with override_settings(TOOLOPS_POLL_THREADS=4, TOOLOPS_POLL_HOLD_SECONDS=2.0,
-                           TOOLOPS_POLL_HOLD_GRACE_SECONDS=GRACE):
+    # All four threads at once: these tests are about the batch, not the adaptive gate
+    # (tests/toolops/services/test_poll_concurrency.py).
+    with override_settings(TOOLOPS_POLL_THREADS=4, TOOLOPS_POLL_ADAPTIVE=False,
+                           TOOLOPS_POLL_HOLD_SECONDS=2.0, TOOLOPS_POLL_HOLD_GRACE_SECONDS=GRACE):
         yield
         poll_threads_stop()
 

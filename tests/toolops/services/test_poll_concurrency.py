@@ -1,0 +1,176 @@
+"""The adaptive gate on a worker process's polls in flight: its reading of the machine's idle
+CPU, its limit under a saturated and an idle machine, and real threads held to that limit."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from toolops.services import poll_concurrency
+from toolops.services.poll_concurrency import (
+    EVAL_SECONDS,
+    PollConcurrency,
+    cpu_idle_reader,
+    poll_concurrency_new,
+)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def step(self) -> None:
+        self.now += EVAL_SECONDS
+
+
+def _stat(path: Path, *, idle: int, busy: int) -> None:
+    # cpu user nice system idle iowait irq softirq steal guest guest_nice
+    path.write_text(f"cpu  {busy} 0 0 {idle} 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\n")
+
+
+def test_the_idle_share_is_read_from_proc_stat_between_two_calls(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    _stat(stat, idle=100, busy=100)
+    read = cpu_idle_reader(str(stat))
+    assert read is not None
+    _stat(stat, idle=130, busy=200)  # 30 idle ticks of 130
+    assert read() == pytest.approx(30 / 130)
+    assert read() is None  # nothing elapsed since the last call
+    _stat(stat, idle=230, busy=200)
+    assert read() == pytest.approx(1.0)
+
+
+def test_iowait_counts_as_idle_and_guest_time_is_not_counted_twice(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  0 0 0 0 0 0 0 0 0 0\n")
+    read = cpu_idle_reader(str(stat))
+    assert read is not None
+    # 10 user (of which 5 guest), 10 idle, 20 iowait: 30 of 40 idle.
+    stat.write_text("cpu  10 0 0 10 20 0 0 0 5 0\n")
+    assert read() == pytest.approx(30 / 40)
+
+
+def test_without_proc_stat_the_gate_is_fixed_at_its_threads(tmp_path: Path) -> None:
+    assert cpu_idle_reader(str(tmp_path / "missing")) is None
+    gate = PollConcurrency(most=4, idle=None)
+    assert gate.limit == 4
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="Linux only")
+def test_on_linux_the_machine_reading_is_a_share() -> None:
+    read = cpu_idle_reader()
+    assert read is not None
+    time.sleep(0.05)
+    share = read()
+    assert share is None or 0.0 <= share <= 1.0
+    assert poll_concurrency_new(most=3, adaptive=True).limit == 1
+    assert poll_concurrency_new(most=3, adaptive=False).limit == 3
+
+
+def test_a_saturated_machine_takes_the_limit_down_to_one_and_no_lower() -> None:
+    clock = _Clock()
+    gate = PollConcurrency(most=4, idle=lambda: 1.0, clock=clock)
+    gate._limit = 4  # as if an idle spell had raised it
+    gate._idle = lambda: 0.02
+    for _ in range(6):
+        clock.step()
+        gate.acquire()
+        gate.release()
+    assert gate.limit == 1
+
+
+def test_an_idle_machine_raises_the_limit_only_while_rows_wait_for_a_slot() -> None:
+    clock = _Clock()
+    gate = PollConcurrency(most=4, idle=lambda: 0.9, clock=clock)
+    for _ in range(5):  # one poll at a time: nobody waits, nothing is raised
+        clock.step()
+        gate.acquire()
+        gate.release()
+    assert gate.limit == 1
+    gate._wanted = True  # a row waited for the slot
+    clock.step()
+    gate.acquire()
+    gate.release()
+    assert gate.limit == 2
+
+
+def test_between_the_thresholds_the_limit_stays() -> None:
+    clock = _Clock()
+    share = (poll_concurrency.IDLE_LOW + poll_concurrency.IDLE_HIGH) / 2
+    gate = PollConcurrency(most=4, idle=lambda: share, clock=clock)
+    gate._limit = 2
+    for _ in range(5):
+        gate._wanted = True
+        clock.step()
+        gate.acquire()
+        gate.release()
+    assert gate.limit == 2
+
+
+def _run_jobs(gate: PollConcurrency, *, threads: int, jobs: int, seconds: float) -> int:
+    """Real threads each running jobs through the gate; the most that ran at once."""
+    lock = threading.Lock()
+    running = 0
+    most = 0
+    left = [jobs]
+
+    def worker() -> None:
+        nonlocal running, most
+        while True:
+            with lock:
+                if left[0] == 0:
+                    return
+                left[0] -= 1
+            gate.acquire()
+            try:
+                with lock:
+                    running += 1
+                    most = max(most, running)
+                time.sleep(seconds)
+                with lock:
+                    running -= 1
+            finally:
+                gate.release()
+
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in pool)
+    return most
+
+
+def test_threads_on_a_saturated_machine_run_one_at_a_time() -> None:
+    gate = PollConcurrency(most=4, idle=lambda: 0.0)
+    assert _run_jobs(gate, threads=4, jobs=24, seconds=0.02) == 1
+
+
+def test_threads_on_an_idle_machine_reach_every_thread() -> None:
+    # Four threads, each job long enough for the waiting rows to see several evaluations.
+    gate = PollConcurrency(most=4, idle=lambda: 0.9)
+    assert _run_jobs(gate, threads=4, jobs=40, seconds=0.1) == 4
+    assert gate.limit == 4
+
+
+def test_opening_the_gate_lets_every_waiter_through() -> None:
+    gate = PollConcurrency(most=4, idle=lambda: 0.0)
+    gate.acquire()  # the only slot
+    through = threading.Event()
+
+    def waiter() -> None:
+        gate.acquire()
+        through.set()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    assert not through.wait(0.3)
+    gate.open()
+    assert through.wait(2.0)
+    thread.join(timeout=2.0)
