@@ -174,3 +174,21 @@ def test_opening_the_gate_lets_every_waiter_through() -> None:
     gate.open()
     assert through.wait(2.0)
     thread.join(timeout=2.0)
+
+
+def test_a_worker_process_gate_follows_the_settings() -> None:
+    from django.test.utils import override_settings
+
+    from toolops.services import poll_batch
+
+    for adaptive, first_limit in ((True, 1), (False, 3)):
+        with override_settings(TOOLOPS_POLL_THREADS=3, TOOLOPS_POLL_ADAPTIVE=adaptive):
+            poll_batch.poll_threads_stop()
+            threads, _holder = poll_batch._pool()
+            try:
+                gate = threads._gate
+                assert gate.most == 3
+                expected = first_limit if Path("/proc/stat").exists() else 3
+                assert gate.limit == expected
+            finally:
+                poll_batch.poll_threads_stop()
