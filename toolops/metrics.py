@@ -32,6 +32,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     generate_latest,
 )
 from prometheus_client.core import (
@@ -40,7 +41,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
 from ledger.models import (
@@ -73,6 +74,14 @@ OUTPUT_REJECTED = Counter("toolops_output_rejected_total",
                           "Results rejected by the tool output defense", ["server", "policy"])
 
 
+# The adaptive gate's limit (toolops/services/poll_concurrency.py), summed over the live worker
+# processes writing to this metrics directory: how many polls they let run at once. Low while
+# the machine is saturated (polls then come later than due), up to the poll threads otherwise.
+POLL_CONCURRENCY = Gauge("toolops_poll_concurrency_limit",
+                         "Polls the worker processes let run at once (adaptive gate), summed",
+                         multiprocess_mode="livesum")
+
+
 def qps_token_denied_inc(*, server: str) -> None:
     QPS_TOKENS_DENIED.labels(server=server).inc()
 
@@ -87,6 +96,19 @@ def outbox_delivery_inc(*, outcome: str) -> None:
 
 def output_rejected_inc(*, server: str, policy: str) -> None:
     OUTPUT_REJECTED.labels(server=server, policy=policy).inc()
+
+
+def poll_concurrency_set(*, limit: int) -> None:
+    POLL_CONCURRENCY.set(limit)
+
+
+def poll_concurrency_gone() -> None:
+    """This process stops polling: its limit leaves the sum. A process killed before it gets
+    here leaves its last value in the metrics directory until the directory is emptied (as
+    prometheus_client asks of every deployment at start)."""
+    POLL_CONCURRENCY.set(0)
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        mark_process_dead(os.getpid())
 
 
 def _histogram(name: str, doc: str, seconds: list[float]) -> HistogramMetricFamily:
@@ -237,18 +259,19 @@ def metrics_registry() -> CollectorRegistry:
         registry.register(_ServerRelabel(MultiProcessCollector(None)))
     else:
         # Single process: this process's counters (not the default process/platform collectors).
-        for counter in (QPS_TOKENS_DENIED, API_SUBMISSIONS, OUTBOX_DELIVERIES, OUTPUT_REJECTED):
-            registry.register(_ServerRelabel(_Forward(counter)))
+        for metric in (QPS_TOKENS_DENIED, API_SUBMISSIONS, OUTBOX_DELIVERIES, OUTPUT_REJECTED,
+                       POLL_CONCURRENCY):
+            registry.register(_ServerRelabel(_Forward(metric)))
     registry.register(_ServerRelabel(LedgerCollector()))
     return registry
 
 
 class _Forward(Collector):
-    def __init__(self, counter: Counter) -> None:
-        self._counter = counter
+    def __init__(self, metric: Counter | Gauge) -> None:
+        self._metric = metric
 
     def collect(self) -> Iterator[Any]:
-        yield from self._counter.collect()
+        yield from self._metric.collect()
 
 
 def metrics_render() -> tuple[bytes, str]:

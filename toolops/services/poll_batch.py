@@ -49,6 +49,7 @@ from ledger.models import Operation
 from ledger.services.guarded import operations_leases_extend
 from ledger.services.schedule import RELEASE
 from ledger.states import POLLABLE
+from toolops.metrics import poll_concurrency_gone, poll_concurrency_set
 from toolops.services.boundary import operation_poll_guarded, operations_load_for_poll
 from toolops.services.db_retry import exception_redacted
 from toolops.services.poll_concurrency import PollConcurrency, poll_concurrency_new
@@ -224,7 +225,8 @@ def _pool() -> tuple[_PollThreads, _Holder]:
     with _lock:
         if _threads is None or _holder is None:
             size = int(settings.TOOLOPS_POLL_THREADS)
-            gate = poll_concurrency_new(most=size, adaptive=bool(settings.TOOLOPS_POLL_ADAPTIVE))
+            gate = poll_concurrency_new(most=size, adaptive=bool(settings.TOOLOPS_POLL_ADAPTIVE),
+                                        on_limit=lambda limit: poll_concurrency_set(limit=limit))
             _threads = _PollThreads(size=size, gate=gate)
             _holder = _Holder(threads=_threads)
         return _threads, _holder
@@ -311,6 +313,7 @@ def poll_threads_stop() -> int:
         _threads = _holder = None
     if holder is None or threads is None:
         return 0
+    poll_concurrency_gone()
     holder.stop()
     threads.stop()  # runs what was handed to the threads; held ones come back to the holder
     left = holder.drain()

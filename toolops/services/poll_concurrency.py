@@ -81,16 +81,19 @@ class PollConcurrency:
     """
 
     def __init__(self, *, most: int, idle: Callable[[], float | None] | None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_limit: Callable[[int], None] | None = None) -> None:
         self.most = max(int(most), 1)
         self._idle = idle
         self._clock = clock
+        self._on_limit = on_limit
         self._cond = threading.Condition()
         self._held = 0
         self._limit = 1 if idle is not None else self.most
         self._open = False
         self._wanted = False  # a row waited for a slot since the last evaluation
         self._evaluated = clock()
+        self._report()
 
     @property
     def limit(self) -> int:
@@ -131,12 +134,24 @@ class PollConcurrency:
         if idle is not None:
             if idle < IDLE_LOW and self._limit > 1:
                 self._limit -= 1
+                self._report()
             elif idle > IDLE_HIGH and self._wanted and self._limit < self.most:
                 self._limit += 1
+                self._report()
                 self._cond.notify()
         self._wanted = False
 
+    def _report(self) -> None:
+        if self._on_limit is not None:
+            try:
+                self._on_limit(self._limit)
+            except Exception:  # a metric that cannot be written never stops a poll
+                pass
 
-def poll_concurrency_new(*, most: int, adaptive: bool) -> PollConcurrency:
-    """The gate for a process's `most` poll threads: adaptive where idle CPU can be read."""
-    return PollConcurrency(most=most, idle=cpu_idle_reader() if adaptive else None)
+
+def poll_concurrency_new(*, most: int, adaptive: bool,
+                         on_limit: Callable[[int], None] | None = None) -> PollConcurrency:
+    """The gate for a process's `most` poll threads: adaptive where idle CPU can be read.
+    `on_limit` is told the limit at the start and at every change (the metric)."""
+    return PollConcurrency(most=most, idle=cpu_idle_reader() if adaptive else None,
+                           on_limit=on_limit)

@@ -192,3 +192,53 @@ def test_a_worker_process_gate_follows_the_settings() -> None:
                 assert gate.limit == expected
             finally:
                 poll_batch.poll_threads_stop()
+
+
+def test_every_change_of_the_limit_is_reported() -> None:
+    clock = _Clock()
+    seen: list[int] = []
+    gate = PollConcurrency(most=3, idle=lambda: 0.9, clock=clock, on_limit=seen.append)
+    for _ in range(4):
+        gate._wanted = True
+        clock.step()
+        gate.acquire()
+        gate.release()
+    gate._idle = lambda: 0.0
+    for _ in range(4):
+        clock.step()
+        gate.acquire()
+        gate.release()
+    assert seen == [1, 2, 3, 2, 1]
+
+
+def test_a_reporter_that_fails_never_stops_a_poll() -> None:
+    def broken(_limit: int) -> None:
+        raise RuntimeError("metrics directory gone")
+
+    gate = PollConcurrency(most=2, idle=lambda: 0.0, on_limit=broken)
+    gate.acquire()
+    gate.release()
+
+
+@pytest.mark.django_db
+def test_the_limit_is_a_metric_while_the_threads_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.test.utils import override_settings
+
+    from toolops.metrics import metrics_render
+    from toolops.services import poll_batch
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+
+    def gauge() -> float:
+        text = metrics_render()[0].decode()
+        line = next(x for x in text.splitlines() if x.startswith("toolops_poll_concurrency_limit "))
+        return float(line.split()[1])
+
+    with override_settings(TOOLOPS_POLL_THREADS=3, TOOLOPS_POLL_ADAPTIVE=False):
+        poll_batch.poll_threads_stop()
+        poll_batch._pool()
+        try:
+            assert gauge() == 3.0
+        finally:
+            poll_batch.poll_threads_stop()
+        assert gauge() == 0.0
