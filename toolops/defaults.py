@@ -26,7 +26,8 @@ TOOLOPS_POLL_BATCH_SIZE = env_int("TOOLOPS_POLL_BATCH_SIZE", 16)
 # waits without a process each (every thread holds its own database connection, so this also
 # bounds the connections). How many of them run at once adapts (TOOLOPS_POLL_ADAPTIVE).
 TOOLOPS_POLL_THREADS = env_int("TOOLOPS_POLL_THREADS", 4)
-# Whether the polls in flight per process follow the machine's idle CPU, between one and
+# Whether the polls in flight per process follow the CPU to spare (the machine's idle CPU and the
+# process's own CPU time), between one and
 # TOOLOPS_POLL_THREADS (toolops/services/poll_concurrency.py): all of them while CPU is to spare,
 # one on a saturated machine, where every extra poll in flight is a row polled the moment it
 # falls due, mostly answered "working". In alternating toolops-only bursts of 5,000: 197 to 224

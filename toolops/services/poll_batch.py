@@ -77,7 +77,7 @@ class _ConnectionCheck:
 
 class _PollThreads:
     """A fixed set of threads running row jobs, at most `gate.limit` at once (the gate adapts it
-    to the machine's idle CPU, toolops.services.poll_concurrency); each thread closes its DB
+    to the CPU to spare, toolops.services.poll_concurrency); each thread closes its DB
     connections when it stops."""
 
     def __init__(self, *, size: int, gate: PollConcurrency) -> None:

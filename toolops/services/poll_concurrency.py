@@ -11,18 +11,25 @@ of 5,000 one-second calls, alternating, one machine): one poll in flight per pro
 to 220 calls/s at 8.8 to 9.8 ms and 1.51 to 1.64 polls, at the same median latency. Paced at 20
 calls/s both polled on time (p99 1.07 s for 1 s tasks). No fixed number suits both a fleet
 polling servers far away (many polls in flight, each waiting on the network) and one whose
-machine is saturated, so the limit follows the machine's idle CPU.
+machine is saturated, so the limit follows the CPU to spare.
 
 The control is additive increase, additive decrease, evaluated at most every EVAL_SECONDS by a
-thread that takes or gives back a slot: with less than IDLE_LOW of the machine's CPU idle since
-the last evaluation, the limit goes down by one (not below 1); with more than IDLE_HIGH idle, it
-goes up by one (not above the threads), but only if a row waited for a slot since the last
-evaluation: a limit nothing asked for is not raised. Between the two it stays. It starts at one.
+thread that takes or gives back a slot, from two readings since the last evaluation:
 
-Idle CPU is read from /proc/stat (idle and iowait over all time counters), the whole machine's:
-a worker in a container with a CPU quota below the machine's cores sees its quota's saturation
-only through the other signal a saturated worker gives, its polls coming late. Where /proc/stat
-cannot be read (not Linux), the limit is the number of threads, as with TOOLOPS_POLL_ADAPTIVE off.
+- the machine's idle CPU, from /proc/stat (idle and iowait over all time counters);
+- this process's own CPU time over the wall time (`time.process_time`): a process whose threads
+  already keep one core busy gains nothing from another thread, whose Python code waits for the
+  same interpreter lock, however idle the machine's other cores are.
+
+The machine is saturated with less than IDLE_LOW of its CPU idle, or with the process busy more
+than BUSY_HIGH of one core: the limit goes down by one (not below 1). There is CPU to spare with
+more than IDLE_HIGH idle and the process busy less than BUSY_LOW: the limit goes up by one (not
+above the threads), but only if a row waited for a slot since the last evaluation (a limit
+nothing asked for is not raised). Between the two it stays. It starts at one.
+
+The machine's reading is the whole machine's: in a container whose CPU quota is below the
+machine's cores, a saturated quota shows in the process's own reading only if this process is
+what fills it. Where /proc/stat cannot be read (not Linux), the process's own reading decides.
 """
 
 from __future__ import annotations
@@ -37,6 +44,10 @@ IDLE_LOW = 0.10
 # Above this share, one poll more in flight costs CPU the machine has to spare. The gap between
 # the two keeps the limit from flapping on a machine that sits near one threshold.
 IDLE_HIGH = 0.25
+# Above this share of one core used by the process itself, another poll thread would only wait
+# for the interpreter lock; below the lower one, the process has room for one more.
+BUSY_HIGH = 0.85
+BUSY_LOW = 0.60
 # The limit moves by at most one per this many seconds: a burst that starts takes the limit from
 # four to one within a second, and each step's effect shows in the next reading.
 EVAL_SECONDS = 0.25
@@ -72,24 +83,43 @@ def cpu_idle_reader(path: str = _PROC_STAT) -> Callable[[], float | None] | None
     return idle_share
 
 
+def process_busy_reader(*, clock: Callable[[], float] = time.monotonic,
+                        cpu: Callable[[], float] = time.process_time) -> Callable[[], float | None]:
+    """A function returning this process's CPU time over wall time since its previous call
+    (1.0: one core kept busy), None when no time elapsed."""
+    last = [(clock(), cpu())]
+
+    def busy_share() -> float | None:
+        now, used = clock(), cpu()
+        then, used0 = last[0]
+        last[0] = (now, used)
+        if now <= then:
+            return None
+        return (used - used0) / (now - then)
+
+    return busy_share
+
+
 class PollConcurrency:
-    """A counting gate whose size follows the machine's idle CPU (see the module docstring).
+    """A counting gate whose size follows the CPU to spare (see the module docstring).
 
     `acquire` blocks while `limit` slots are held; `release` gives one back; `open` lets every
-    waiter through for good (the threads are stopping). `idle`: the idle-share reader, None for
-    a fixed limit of `most`.
+    waiter through for good (the threads are stopping). `idle`: the machine's idle-share reader;
+    `busy`: the process's own; with neither, the limit is fixed at `most`.
     """
 
     def __init__(self, *, most: int, idle: Callable[[], float | None] | None,
+                 busy: Callable[[], float | None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  on_limit: Callable[[int], None] | None = None) -> None:
         self.most = max(int(most), 1)
         self._idle = idle
+        self._busy = busy
         self._clock = clock
         self._on_limit = on_limit
         self._cond = threading.Condition()
         self._held = 0
-        self._limit = 1 if idle is not None else self.most
+        self._limit = 1 if idle is not None or busy is not None else self.most
         self._open = False
         self._wanted = False  # a row waited for a slot since the last evaluation
         self._evaluated = clock()
@@ -121,21 +151,23 @@ class PollConcurrency:
 
     def _evaluate(self) -> None:
         """Called with the condition held."""
-        if self._idle is None:
+        if self._idle is None and self._busy is None:
             return
         now = self._clock()
         if now - self._evaluated < EVAL_SECONDS:
             return
         self._evaluated = now
-        try:
-            idle = self._idle()
-        except (OSError, ValueError, IndexError):
-            idle = None  # an unreadable moment changes nothing
-        if idle is not None:
-            if idle < IDLE_LOW and self._limit > 1:
+        idle = _reading(self._idle)
+        busy = _reading(self._busy)
+        if idle is not None or busy is not None:
+            saturated = ((idle is not None and idle < IDLE_LOW)
+                         or (busy is not None and busy > BUSY_HIGH))
+            spare = ((idle is None or idle > IDLE_HIGH)
+                     and (busy is None or busy < BUSY_LOW))
+            if saturated and self._limit > 1:
                 self._limit -= 1
                 self._report()
-            elif idle > IDLE_HIGH and self._wanted and self._limit < self.most:
+            elif spare and self._wanted and self._limit < self.most:
                 self._limit += 1
                 self._report()
                 self._cond.notify()
@@ -149,9 +181,20 @@ class PollConcurrency:
                 pass
 
 
+def _reading(read: Callable[[], float | None] | None) -> float | None:
+    if read is None:
+        return None
+    try:
+        return read()
+    except (OSError, ValueError, IndexError):
+        return None  # an unreadable moment changes nothing
+
+
 def poll_concurrency_new(*, most: int, adaptive: bool,
                          on_limit: Callable[[int], None] | None = None) -> PollConcurrency:
-    """The gate for a process's `most` poll threads: adaptive where idle CPU can be read.
-    `on_limit` is told the limit at the start and at every change (the metric)."""
-    return PollConcurrency(most=most, idle=cpu_idle_reader() if adaptive else None,
+    """The gate for a process's `most` poll threads, adaptive or fixed at `most`. `on_limit` is
+    told the limit at the start and at every change (the metric)."""
+    if not adaptive:
+        return PollConcurrency(most=most, idle=None, on_limit=on_limit)
+    return PollConcurrency(most=most, idle=cpu_idle_reader(), busy=process_busy_reader(),
                            on_limit=on_limit)

@@ -15,6 +15,7 @@ from toolops.services.poll_concurrency import (
     PollConcurrency,
     cpu_idle_reader,
     poll_concurrency_new,
+    process_busy_reader,
 )
 
 
@@ -56,10 +57,48 @@ def test_iowait_counts_as_idle_and_guest_time_is_not_counted_twice(tmp_path: Pat
     assert read() == pytest.approx(30 / 40)
 
 
-def test_without_proc_stat_the_gate_is_fixed_at_its_threads(tmp_path: Path) -> None:
+def test_with_no_reading_at_all_the_gate_is_fixed_at_its_threads(tmp_path: Path) -> None:
     assert cpu_idle_reader(str(tmp_path / "missing")) is None
-    gate = PollConcurrency(most=4, idle=None)
+    gate = PollConcurrency(most=4, idle=None, busy=None)
     assert gate.limit == 4
+
+
+def test_the_process_reading_is_its_cpu_time_over_wall_time() -> None:
+    wall = [10.0]
+    used = [1.0]
+    read = process_busy_reader(clock=lambda: wall[0], cpu=lambda: used[0])
+    wall[0], used[0] = 12.0, 2.5  # 1.5 s of CPU in 2 s
+    assert read() == pytest.approx(0.75)
+    assert read() is None  # no time elapsed
+
+
+def test_a_process_that_keeps_a_core_busy_takes_its_limit_down_on_an_idle_machine() -> None:
+    clock = _Clock()
+    gate = PollConcurrency(most=4, idle=lambda: 0.9, busy=lambda: 0.95, clock=clock)
+    gate._limit = 4
+    for _ in range(5):
+        clock.step()
+        gate.acquire()
+        gate.release()
+    assert gate.limit == 1
+
+
+def test_without_the_machine_reading_the_process_reading_decides() -> None:
+    clock = _Clock()
+    busy = [0.1]
+    gate = PollConcurrency(most=3, idle=None, busy=lambda: busy[0], clock=clock)
+    for _ in range(3):
+        gate._wanted = True
+        clock.step()
+        gate.acquire()
+        gate.release()
+    assert gate.limit == 3
+    busy[0] = 0.99
+    for _ in range(3):
+        clock.step()
+        gate.acquire()
+        gate.release()
+    assert gate.limit == 1
 
 
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="Linux only")
@@ -188,8 +227,7 @@ def test_a_worker_process_gate_follows_the_settings() -> None:
             try:
                 gate = threads._gate
                 assert gate.most == 3
-                expected = first_limit if Path("/proc/stat").exists() else 3
-                assert gate.limit == expected
+                assert gate.limit == first_limit
             finally:
                 poll_batch.poll_threads_stop()
 
