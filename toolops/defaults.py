@@ -27,12 +27,12 @@ TOOLOPS_POLL_BATCH_SIZE = env_int("TOOLOPS_POLL_BATCH_SIZE", 16)
 # bounds the connections). How many of them run at once adapts (TOOLOPS_POLL_ADAPTIVE).
 TOOLOPS_POLL_THREADS = env_int("TOOLOPS_POLL_THREADS", 4)
 # Whether the polls in flight per process follow the CPU to spare (the machine's idle CPU and the
-# process's own CPU time), between one and
-# TOOLOPS_POLL_THREADS (toolops/services/poll_concurrency.py): all of them while CPU is to spare,
-# one on a saturated machine, where every extra poll in flight is a row polled the moment it
-# falls due, mostly answered "working". In alternating toolops-only bursts against two threads at
-# once: 1.28 to 1.44 polls per call against 1.51 to 1.71 in every pair, calls/s within the
-# machine's drift, the same paced latency. False runs all the threads at once.
+# process's own CPU time), between one and TOOLOPS_POLL_THREADS
+# (toolops/services/poll_concurrency.py): all of them while CPU is to spare, one on a saturated
+# machine, where every extra poll in flight is a row polled the moment it falls due, mostly
+# answered "working". In alternating toolops-only bursts against two threads at once: 1.28 to
+# 1.44 polls per call against 1.51 to 1.71 in every pair, calls/s within the machine's drift, the
+# same paced latency. False runs all the threads at once.
 TOOLOPS_POLL_ADAPTIVE = env_bool("TOOLOPS_POLL_ADAPTIVE", True)
 # A working row whose next poll is due within this many seconds is kept by the worker process
 # that polled it and polled again there at its time (its lease kept, its schedule written as

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -68,13 +68,19 @@ def fleet_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     yield _fleet_env(tmp_path)
 
 
-def _wait_for(predicate: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
+def _within(predicate: Callable[[], object], seconds: float, step: float = 0.05) -> bool:
+    """Whether `predicate` holds within `seconds` (checked every `step`)."""
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        if predicate():
+            return True
+        time.sleep(step)
+    return False
+
+
+def _wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    if not _within(predicate, timeout, step=0.1):
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_worker_killed_mid_operation_loses_and_duplicates_nothing(

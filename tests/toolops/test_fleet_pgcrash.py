@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -32,7 +32,7 @@ import pytest
 import redis
 
 from tests.peers.launch import _free_port, peer_stats
-from tests.toolops.test_fleet import BROKER, REPO, _fleet_env, _kill, _start, _wait_for
+from tests.toolops.test_fleet import BROKER, REPO, _fleet_env, _kill, _start, _wait_for, _within
 
 pytestmark = [pytest.mark.fleet, pytest.mark.django_db(transaction=True)]
 
@@ -147,16 +147,6 @@ def _settled(cluster: Cluster, keys: list[str]) -> bool:
     return all(states.get(k) in ("ACCEPTED", "RECONCILIATION_REQUIRED") for k in keys)
 
 
-
-def _within(predicate: Callable[[], bool], seconds: float) -> bool:
-    """Whether `predicate` holds within `seconds` (checked every 50 ms)."""
-    end = time.monotonic() + seconds
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() >= end:
-            return False
-        time.sleep(0.05)
 
 def test_a_database_crash_loses_no_call_and_duplicates_nothing(
     mcp_url: str, cluster: Cluster, tmp_path: Path

@@ -313,9 +313,10 @@ def poll_threads_stop() -> int:
         _threads = _holder = None
     if holder is None or threads is None:
         return 0
-    poll_concurrency_gone()
     holder.stop()
     threads.stop()  # runs what was handed to the threads; held ones come back to the holder
+    # After the threads: their last releases may still move the limit, and report it.
+    poll_concurrency_gone()
     left = holder.drain()
     try:
         return operations_release_held(rows=left)

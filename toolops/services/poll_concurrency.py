@@ -11,9 +11,9 @@ of 5,000 one-second calls, alternating, one machine): one poll in flight per pro
 to 220 calls/s at 8.8 to 9.8 ms and 1.51 to 1.64 polls, at the same median latency (in later
 series of this gate against two threads the polls saved held in every pair, the calls/s gained
 did not rise above the machine's drift). Paced at 20 calls/s both polled on time (p99 1.07 s for
-1 s tasks). No fixed number suits both a fleet
-polling servers far away (many polls in flight, each waiting on the network) and one whose
-machine is saturated, so the limit follows the CPU to spare.
+1 s tasks). No fixed number suits both a fleet polling servers far away (many polls in flight,
+each waiting on the network) and one whose machine is saturated, so the limit follows the CPU to
+spare.
 
 The control is additive increase, additive decrease, evaluated at most every EVAL_SECONDS by a
 thread that takes or gives back a slot, from two readings since the last evaluation:
@@ -57,11 +57,27 @@ EVAL_SECONDS = 0.25
 _PROC_STAT = "/proc/stat"
 
 
-def cpu_idle_reader(path: str = _PROC_STAT) -> Callable[[], float | None] | None:
-    """A function returning the machine's idle CPU share since its previous call (None on its
-    first call or when nothing elapsed), or None where `path` cannot be read."""
+def _share_since(sample: Callable[[], tuple[float, float]]) -> Callable[[], float | None]:
+    """A function returning, since its previous call, how much the first of `sample`'s two
+    running totals grew over how much the second grew (None when the second did not)."""
+    last = [sample()]
 
-    def counters() -> tuple[int, int]:
+    def share() -> float | None:
+        part, whole = sample()
+        part0, whole0 = last[0]
+        last[0] = (part, whole)
+        if whole <= whole0:
+            return None
+        return (part - part0) / (whole - whole0)
+
+    return share
+
+
+def cpu_idle_reader(path: str = _PROC_STAT) -> Callable[[], float | None] | None:
+    """A function returning the machine's idle CPU share since its previous call (None when
+    nothing elapsed), or None where `path` cannot be read."""
+
+    def counters() -> tuple[float, float]:
         with open(path, encoding="ascii") as stat:
             fields = stat.readline().split()
         # cpu user nice system idle iowait irq softirq steal [guest guest_nice]: guest time is
@@ -70,36 +86,16 @@ def cpu_idle_reader(path: str = _PROC_STAT) -> Callable[[], float | None] | None
         return values[3] + values[4], sum(values)
 
     try:
-        last = [counters()]
+        return _share_since(counters)
     except (OSError, ValueError, IndexError):
         return None
-
-    def idle_share() -> float | None:
-        idle, total = counters()
-        idle0, total0 = last[0]
-        last[0] = (idle, total)
-        if total <= total0:
-            return None
-        return (idle - idle0) / (total - total0)
-
-    return idle_share
 
 
 def process_busy_reader(*, clock: Callable[[], float] = time.monotonic,
                         cpu: Callable[[], float] = time.process_time) -> Callable[[], float | None]:
     """A function returning this process's CPU time over wall time since its previous call
     (1.0: one core kept busy), None when no time elapsed."""
-    last = [(clock(), cpu())]
-
-    def busy_share() -> float | None:
-        now, used = clock(), cpu()
-        then, used0 = last[0]
-        last[0] = (now, used)
-        if now <= then:
-            return None
-        return (used - used0) / (now - then)
-
-    return busy_share
+    return _share_since(lambda: (cpu(), clock()))
 
 
 class PollConcurrency:

@@ -30,6 +30,17 @@ class _Clock:
         self.now += EVAL_SECONDS
 
 
+def _passes(gate: PollConcurrency, clock: _Clock, n: int, *, wanted: bool = False) -> None:
+    """`n` evaluations: the clock moves one evaluation on and a poll passes through the gate,
+    with a row having waited for a slot before each when `wanted`."""
+    for _ in range(n):
+        if wanted:
+            gate._wanted = True
+        clock.step()
+        gate.acquire()
+        gate.release()
+
+
 def _stat(path: Path, *, idle: int, busy: int) -> None:
     # cpu user nice system idle iowait irq softirq steal guest guest_nice
     path.write_text(f"cpu  {busy} 0 0 {idle} 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\n")
@@ -76,10 +87,7 @@ def test_a_process_that_keeps_a_core_busy_takes_its_limit_down_on_an_idle_machin
     clock = _Clock()
     gate = PollConcurrency(most=4, idle=lambda: 0.9, busy=lambda: 0.95, clock=clock)
     gate._limit = 4
-    for _ in range(5):
-        clock.step()
-        gate.acquire()
-        gate.release()
+    _passes(gate, clock, 5)
     assert gate.limit == 1
 
 
@@ -87,17 +95,10 @@ def test_without_the_machine_reading_the_process_reading_decides() -> None:
     clock = _Clock()
     busy = [0.1]
     gate = PollConcurrency(most=3, idle=None, busy=lambda: busy[0], clock=clock)
-    for _ in range(3):
-        gate._wanted = True
-        clock.step()
-        gate.acquire()
-        gate.release()
+    _passes(gate, clock, 3, wanted=True)
     assert gate.limit == 3
     busy[0] = 0.99
-    for _ in range(3):
-        clock.step()
-        gate.acquire()
-        gate.release()
+    _passes(gate, clock, 3)
     assert gate.limit == 1
 
 
@@ -117,25 +118,16 @@ def test_a_saturated_machine_takes_the_limit_down_to_one_and_no_lower() -> None:
     gate = PollConcurrency(most=4, idle=lambda: 1.0, clock=clock)
     gate._limit = 4  # as if an idle spell had raised it
     gate._idle = lambda: 0.02
-    for _ in range(6):
-        clock.step()
-        gate.acquire()
-        gate.release()
+    _passes(gate, clock, 6)
     assert gate.limit == 1
 
 
 def test_an_idle_machine_raises_the_limit_only_while_rows_wait_for_a_slot() -> None:
     clock = _Clock()
     gate = PollConcurrency(most=4, idle=lambda: 0.9, clock=clock)
-    for _ in range(5):  # one poll at a time: nobody waits, nothing is raised
-        clock.step()
-        gate.acquire()
-        gate.release()
+    _passes(gate, clock, 5)  # one poll at a time: nobody waits, nothing is raised
     assert gate.limit == 1
-    gate._wanted = True  # a row waited for the slot
-    clock.step()
-    gate.acquire()
-    gate.release()
+    _passes(gate, clock, 1, wanted=True)  # a row waited for the slot
     assert gate.limit == 2
 
 
@@ -144,11 +136,7 @@ def test_between_the_thresholds_the_limit_stays() -> None:
     share = (poll_concurrency.IDLE_LOW + poll_concurrency.IDLE_HIGH) / 2
     gate = PollConcurrency(most=4, idle=lambda: share, clock=clock)
     gate._limit = 2
-    for _ in range(5):
-        gate._wanted = True
-        clock.step()
-        gate.acquire()
-        gate.release()
+    _passes(gate, clock, 5, wanted=True)
     assert gate.limit == 2
 
 
@@ -236,16 +224,9 @@ def test_every_change_of_the_limit_is_reported() -> None:
     clock = _Clock()
     seen: list[int] = []
     gate = PollConcurrency(most=3, idle=lambda: 0.9, clock=clock, on_limit=seen.append)
-    for _ in range(4):
-        gate._wanted = True
-        clock.step()
-        gate.acquire()
-        gate.release()
+    _passes(gate, clock, 4, wanted=True)
     gate._idle = lambda: 0.0
-    for _ in range(4):
-        clock.step()
-        gate.acquire()
-        gate.release()
+    _passes(gate, clock, 4)
     assert seen == [1, 2, 3, 2, 1]
 
 
