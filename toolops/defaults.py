@@ -53,6 +53,12 @@ TOOLOPS_DISPATCH_FOLLOW_DUE_SECONDS = env_float("TOOLOPS_DISPATCH_FOLLOW_DUE_SEC
 # one claim transaction and one batch message. It bounds the dispatcher's commits (at most one
 # per gap) and adds at most this much to a row's first poll.
 TOOLOPS_DISPATCH_MIN_GAP_SECONDS = env_float("TOOLOPS_DISPATCH_MIN_GAP_SECONDS", 0.02)
+# How far ahead the dispatcher claims free rows (toolops.services.dispatch): a row falling due
+# within this time of a pass is claimed with it and held by its worker until its time, so rows
+# due close together share one claim and one message, and none is polled late or early. One
+# dispatcher tick: at 20 calls/s a pass takes about six rows instead of one. 0 claims due rows
+# only.
+TOOLOPS_DISPATCH_AHEAD_SECONDS = env_float("TOOLOPS_DISPATCH_AHEAD_SECONDS", 0.25)
 # The dispatcher analyzes a ledger table (ledger/services/statistics.py) once its live rows reach
 # this many times the planner's row count (plus TOOLOPS_STATS_REFRESH_MIN_ROWS): plans cached while
 # the table was nearly empty otherwise read the whole table by key until autovacuum's next round.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import logging
 import uuid
+from datetime import UTC, datetime
 
 from celery import shared_task
 from celery.signals import worker_before_create_process, worker_process_shutdown
@@ -31,8 +32,13 @@ from toolops.services.poll_batch import operations_poll_batch, poll_threads_stop
 logger = logging.getLogger("toolops.tasks")
 
 
-def _enqueue_batch(operation_ids: list[uuid.UUID], lease_owner: str) -> None:
-    poll_batch.delay([str(op_id) for op_id in operation_ids], lease_owner)
+def _enqueue_batch(operation_ids: list[uuid.UUID], lease_owner: str,
+                   early: dict[uuid.UUID, datetime]) -> None:
+    ids = [str(op_id) for op_id in operation_ids]
+    if early:  # rows claimed before their time: the worker holds each until it is due
+        poll_batch.delay(ids, lease_owner, {str(k): at.isoformat() for k, at in early.items()})
+    else:
+        poll_batch.delay(ids, lease_owner)
 
 
 def _dispatch_once() -> DispatchPass:
@@ -59,9 +65,24 @@ def dispatch_due() -> int:
 
 
 @shared_task(name="toolops.poll_batch", ignore_result=True, acks_late=True)
-def poll_batch(operation_ids: list[str], lease_owner: str) -> dict[str, int]:
+def poll_batch(operation_ids: list[str], lease_owner: str,
+               not_before: dict[str, str] | None = None) -> dict[str, int]:
+    """`not_before`: rows the dispatcher claimed ahead of their time, with that time. A time
+    that does not parse counts as due now (the poll's own guards decide anyway)."""
     return operations_poll_batch(operation_ids=[uuid.UUID(i) for i in operation_ids],
-                                 lease_owner=lease_owner)
+                                 lease_owner=lease_owner,
+                                 not_before=_times_parsed(not_before or {}))
+
+
+def _times_parsed(raw: dict[str, str]) -> dict[uuid.UUID, datetime]:
+    parsed: dict[uuid.UUID, datetime] = {}
+    for key, text in raw.items():
+        try:
+            at = datetime.fromisoformat(text)
+            parsed[uuid.UUID(key)] = at if at.tzinfo else at.replace(tzinfo=UTC)
+        except (TypeError, ValueError):
+            continue
+    return parsed
 
 
 @shared_task(name="toolops.poll_operation", ignore_result=True, acks_late=True)

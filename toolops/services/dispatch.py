@@ -34,16 +34,17 @@ from ledger.states import POLLABLE, State
 CLAIMABLE = frozenset(POLLABLE | {State.SUBMITTING, State.SUBMISSION_UNKNOWN})
 
 
-def claimable_now(*, now: datetime) -> Q:
+def claimable_now(*, now: datetime, horizon: datetime | None = None) -> Q:
     """Operation rows claimable at `now` (for reads; the claim itself walks ledger_operationdue).
 
     Due and free, or held by a lease that ran out (with or without a next poll time): the later
     of the next poll time and the lease's end has passed. A leased row whose lease has not run
-    out is not claimable, however early its next poll time."""
+    out is not claimable, however early its next poll time. `horizon` (a claim ahead): also the
+    free rows whose next poll time comes before it."""
     lapsed_or_free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
     return (Q(state__in=CLAIMABLE) & lapsed_or_free
             & (Q(next_poll_at__isnull=True, lease_expires_at__isnull=False)
-               | Q(next_poll_at__lte=now)))
+               | Q(next_poll_at__lte=horizon or now)))
 
 
 def _due_scope(*, path: str | None, server_ids: Collection[int] | None,
@@ -135,9 +136,10 @@ def _claim_sql(*, alias: str, by_path: bool, by_servers: bool) -> str:
     index on `state` at a few rows and chose it, reading every open row and sorting them for
     each claim.
 
-    Parameters: owner, now, [path], [server ids], now twice, batch size, owner, lease end (three
-    times: lease, next poll time, due entry). Returns the claimed ids in the order they became
-    due."""
+    Parameters: owner, horizon (the due entry), [path], [server ids], now (the lease), horizon
+    (the next poll time), batch size, owner, lease end (three times: lease, next poll time, due
+    entry); the horizon is now unless the claim reaches ahead. Returns the claimed ids with their
+    due times, in the order they became due."""
     return statement_spelled(site="claim", shape=(alias, by_path, by_servers),
                              spell=lambda: _claim_spelled(by_path=by_path, by_servers=by_servers))
 
@@ -172,7 +174,7 @@ def _claim_spelled(*, by_path: bool, by_servers: bool) -> str:
     # same time, the last parameter.
     moved = f'UPDATE "{due_table}" AS m SET "due_at" = %s WHERE m."operation_id" = {ids}'
     return (f"WITH batch AS MATERIALIZED ({candidates}), claimed AS ({claimed}), "
-            f'moved AS ({moved}) SELECT k.{pk} FROM batch AS k ORDER BY k."due_at"')
+            f'moved AS ({moved}) SELECT k.{pk}, k."due_at" FROM batch AS k ORDER BY k."due_at"')
 
 
 def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None = None,
@@ -188,33 +190,50 @@ def claim_due_locked(*, owner: str, limit: int | None = None, path: str | None =
     its next time first. Its due entry says so too, so the claim's walk never steps past rows in
     flight, however many there are or however early they are due.
     """
+    return [op_id for op_id, _due in claim_due_ahead_locked(
+        owner=owner, limit=limit, path=path, server_ids=server_ids, ahead_seconds=0.0)]
+
+
+def claim_due_ahead_locked(*, owner: str, limit: int | None = None, path: str | None = None,
+                           server_ids: Collection[int] | None = None,
+                           ahead_seconds: float) -> list[tuple[uuid.UUID, datetime]]:
+    """claim_due_locked, also taking the free rows that fall due within `ahead_seconds`; returns
+    each claimed row with the time it was due (its poll must not come before that time: the
+    worker holds a row claimed early until then, toolops.services.poll_batch).
+
+    Only a free row is claimed early. A leased row whose lease has not run out is never claimed,
+    however soon it runs out, so claiming ahead never takes a row from a live holder. The lease
+    is the usual one, counted from now, so it outlasts the wait by far (the horizon is capped at
+    half a lease)."""
     now = timezone.now()
+    lease_seconds = float(settings.TOOLOPS_LEASE_SECONDS)
+    horizon = now + timedelta(seconds=min(max(ahead_seconds, 0.0), lease_seconds / 2))
     batch = limit or int(settings.TOOLOPS_CLAIM_BATCH)
-    lease_until = now + timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS))
+    lease_until = now + timedelta(seconds=lease_seconds)
     connection = connections[router.db_for_write(Operation)]
     if connection.vendor == "postgresql":
         sql = _claim_sql(alias=connection.alias, by_path=path is not None,
                          by_servers=server_ids is not None)
         _clauses, scope = _due_scope(path=path, server_ids=server_ids)
         with connection.cursor() as cursor:
-            cursor.execute(sql, [owner, now, *scope, now, now, batch, owner, lease_until,
+            cursor.execute(sql, [owner, horizon, *scope, now, horizon, batch, owner, lease_until,
                                  lease_until, lease_until])
             # The batch comes back in the order its rows became due (the statement's ORDER BY),
             # so the oldest are polled first.
-            return [row[0] for row in cursor.fetchall()]
+            return [(row[0], row[1]) for row in cursor.fetchall()]
     # Elsewhere (SQLite, the embedded default: one writer at a time, so no row lock to skip):
     # the same walk over the due index, then the same write.
-    due = _due_entries(path=path, server_ids=server_ids).filter(due_at__lte=now)
-    candidates = list(due.order_by("due_at").values_list("operation_id", flat=True)[:batch])
+    due = _due_entries(path=path, server_ids=server_ids).filter(due_at__lte=horizon)
+    candidates = list(due.order_by("due_at").values_list("operation_id", "due_at")[:batch])
     rows = Operation.objects.select_for_update(skip_locked=True).filter(
-        claimable_now(now=now), id__in=candidates)
+        claimable_now(now=now, horizon=horizon), id__in=[op_id for op_id, _due in candidates])
     claimed = set(rows.values_list("id", flat=True))
-    ids = [op_id for op_id in candidates if op_id in claimed]
-    if ids:
-        Operation.objects.filter(id__in=ids).update(
+    picked = [(op_id, at) for op_id, at in candidates if op_id in claimed]
+    if picked:
+        Operation.objects.filter(id__in=[op_id for op_id, _at in picked]).update(
             **schedule_leased(owner=owner, until=lease_until), poll_attempts=F("poll_attempts") + 1,
         )
-    return ids
+    return picked
 
 
 @contextmanager
@@ -266,13 +285,22 @@ class DispatchPass:
     read_next_due: bool = False
 
 
+# What a batch's enqueue callback gets: the rows, their lease owner, and the rows claimed before
+# their time with the time each falls due (empty when all were due at the claim).
+EnqueueBatch = Callable[[list[uuid.UUID], str, dict[uuid.UUID, datetime]], None]
+
+
 def operations_dispatch_due_batches(
-    *, enqueue_batch: Callable[[list[uuid.UUID], str], None], room: int | None = None,
-    batch_size: int | None = None,
+    *, enqueue_batch: EnqueueBatch, room: int | None = None, batch_size: int | None = None,
+    ahead_seconds: float | None = None,
 ) -> DispatchPass:
     """Like operations_dispatch_due, but the claimed rows go out in batches of `batch_size`
     (default TOOLOPS_POLL_BATCH_SIZE): one message per batch, polled together by one worker
     (toolops.services.poll_batch). `room` counts rows, not messages.
+
+    The claim also takes the free rows falling due within `ahead_seconds` (default
+    TOOLOPS_DISPATCH_AHEAD_SECONDS), and tells the worker when each is due, so rows due close
+    together share one claim and one message without any of them polled late or early.
 
     The same transaction also reads when the next row falls due, for a dispatcher that sleeps
     until then (operations_dispatch_following_due) without a commit of its own per wake."""
@@ -280,14 +308,21 @@ def operations_dispatch_due_batches(
         return DispatchPass(claimed=0)
     size = max(int(batch_size or settings.TOOLOPS_POLL_BATCH_SIZE), 1)
     claim = int(settings.TOOLOPS_CLAIM_BATCH)
+    ahead = float(settings.TOOLOPS_DISPATCH_AHEAD_SECONDS if ahead_seconds is None
+                  else ahead_seconds)
     owner = f"lease-{uuid.uuid4().hex}"
     with _claim_transaction():
-        ids = claim_due_locked(owner=owner, limit=claim if room is None else min(room, claim))
-        for start in range(0, len(ids), size):
+        rows = claim_due_ahead_locked(owner=owner, limit=claim if room is None else min(room, claim),
+                                      ahead_seconds=ahead)
+        now = timezone.now()
+        for start in range(0, len(rows), size):
+            part = rows[start:start + size]
+            early = {op_id: due for op_id, due in part if due > now}
             # Never enqueue inside the transaction: a rolled-back claim must send nothing.
-            transaction.on_commit(partial(enqueue_batch, ids[start:start + size], owner))
+            transaction.on_commit(partial(enqueue_batch, [op_id for op_id, _due in part], owner,
+                                          early))
         next_due = operations_next_due_at()
-    return DispatchPass(claimed=len(ids), next_due_at=next_due, read_next_due=True)
+    return DispatchPass(claimed=len(rows), next_due_at=next_due, read_next_due=True)
 
 
 # After a pass that claimed nothing although a row was due (the poll queue is full), wait at

@@ -9,6 +9,10 @@ through the guarded UPDATEs of the poll cycle; the threads only overlap the wait
 PostgreSQL, Redis). The adapter cache is per process, so all threads share one pooled HTTP
 client per server.
 
+Claimed ahead: the dispatcher may claim a free row shortly before it is due and say when it is
+due (`not_before`); such a row goes to the holder with the batch's read of it and is polled at
+that time, with no renewal (its claim's lease is fresh and full).
+
 Holding: a working row whose next poll is due within TOOLOPS_POLL_HOLD_SECONDS keeps its lease
 (written by the poll's own guarded UPDATE, with its `next_poll_at` as usual: the ledger stays the
 source of truth) and the process's holder thread polls it again at that time, instead of
@@ -35,7 +39,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from datetime import datetime, timedelta
 from functools import partial
@@ -47,7 +51,7 @@ from django.utils import timezone
 
 from ledger.models import Operation
 from ledger.services.guarded import operations_leases_extend
-from ledger.services.schedule import RELEASE
+from ledger.services.schedule import RELEASE, schedule_at
 from ledger.states import POLLABLE
 from toolops.metrics import poll_concurrency_gone, poll_concurrency_set
 from toolops.services.boundary import operation_poll_guarded, operations_load_for_poll
@@ -57,6 +61,9 @@ from toolops.services.poll_concurrency import PollConcurrency, poll_concurrency_
 logger = logging.getLogger("toolops.poll_batch")
 
 _STOP = object()
+# A row claimed ahead that is due sooner than this is polled at once: a hold that short costs a
+# trip through the holder thread for nothing.
+HOLD_AHEAD_MIN = timedelta(milliseconds=5)
 # How often a poll or holder thread checks its connection (see the module docstring). A broken
 # connection met in between fails one row, whose boundary reopens it and records the crash.
 CONNECTION_CHECK_INTERVAL_SECONDS = 1.0
@@ -129,12 +136,20 @@ class _PollThreads:
             thread.join(timeout=5.0)
 
 
+# One row the holder keeps: when it is due, its id, its lease owner, and the row as read when it
+# was claimed ahead of its time (None for a row held after its own poll, whose lease is renewed
+# before the next one).
+_Held = tuple[datetime, str, str, Operation | None]
+
+
 class _Holder:
-    """Rows this process keeps between polls: (due, id, owner), polled again when due."""
+    """Rows this process keeps until they are due: rows held between polls (their lease renewed
+    at the due time) and rows the dispatcher claimed ahead of their time (their fresh claim is
+    the lease; their read from the claim's batch goes to the poll)."""
 
     def __init__(self, *, threads: _PollThreads) -> None:
         self._threads = threads
-        self._heap: list[tuple[datetime, str, str]] = []
+        self._heap: list[_Held] = []
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="toolops-poll-holder", daemon=True)
@@ -145,12 +160,20 @@ class _Holder:
             return len(self._heap)
 
     def add(self, *, rows: Iterable[tuple[uuid.UUID, datetime]], owner: str) -> None:
+        self._push([(due, str(op_id), owner, None) for op_id, due in rows])
+
+    def add_claimed(self, *, rows: Iterable[tuple[uuid.UUID, datetime, Operation]],
+                    owner: str) -> None:
+        """Rows claimed before they are due, each with its read."""
+        self._push([(due, str(op_id), owner, row) for op_id, due, row in rows])
+
+    def _push(self, entries: list[_Held]) -> None:
         with self._cond:
-            for op_id, due in rows:
-                heapq.heappush(self._heap, (due, str(op_id), owner))
+            for entry in entries:
+                heapq.heappush(self._heap, entry)  # ids are unique here: no tie reaches the row
             self._cond.notify()
 
-    def _take_due(self) -> list[tuple[datetime, str, str]] | None:
+    def _take_due(self) -> list[_Held] | None:
         with self._cond:
             while not self._stopping:
                 if self._heap:
@@ -175,8 +198,18 @@ class _Holder:
                 if due is None:
                     return
                 by_owner: dict[str, list[uuid.UUID]] = {}
-                for _at, key, owner in due:
-                    by_owner.setdefault(owner, []).append(uuid.UUID(key))
+                claimed: dict[str, dict[uuid.UUID, Operation]] = {}
+                for _at, key, owner, row in due:
+                    if row is None:
+                        by_owner.setdefault(owner, []).append(uuid.UUID(key))
+                    else:
+                        claimed.setdefault(owner, {})[uuid.UUID(key)] = row
+                for owner, rows in claimed.items():
+                    # Claimed moments ago with a full lease: nothing to renew before the poll.
+                    for row_id, future in _submit_rows(
+                            threads=self._threads, holder=self, operation_ids=list(rows),
+                            lease_owner=owner, loaded=rows):
+                        future.add_done_callback(partial(self._settled, row_id, owner))
                 for owner, ids in by_owner.items():
                     try:
                         check(failed=failed)
@@ -208,7 +241,7 @@ class _Holder:
             self._cond.notify()
         self._thread.join(timeout=5.0)
 
-    def drain(self) -> list[tuple[datetime, str, str]]:
+    def drain(self) -> list[_Held]:
         with self._cond:
             left, self._heap = self._heap, []
         return left
@@ -244,20 +277,43 @@ def operations_hold_renew(*, ids: list[uuid.UUID], owner: str) -> dict[uuid.UUID
         defer_flush=bool(settings.TOOLOPS_DEFERRED_FLUSH))
 
 
-def operations_poll_batch(*, operation_ids: list[uuid.UUID], lease_owner: str) -> dict[str, int]:
+def operations_poll_batch(*, operation_ids: list[uuid.UUID], lease_owner: str,
+                          not_before: Mapping[uuid.UUID, datetime] | None = None,
+                          ) -> dict[str, int]:
     """Poll each row of a batch leased to `lease_owner` concurrently, each inside the per-row
-    error boundary; keep the working rows whose next poll is near. Returns outcome counts."""
+    error boundary; keep the working rows whose next poll is near. Returns outcome counts.
+
+    `not_before`: rows the dispatcher claimed ahead of their time, with that time. Those still
+    ahead go to the holder with their read and are polled when due (counted as `ahead`); the
+    others are polled now."""
     if not operation_ids:
         return {}
     threads, holder = _pool()
-    return _poll_rows(threads=threads, holder=holder, operation_ids=operation_ids,
-                      lease_owner=lease_owner)
+    now = timezone.now()
+    batch = set(operation_ids)
+    if not any(at - now > HOLD_AHEAD_MIN and op_id in batch
+               for op_id, at in (not_before or {}).items()):
+        return _poll_rows(threads=threads, holder=holder, operation_ids=operation_ids,
+                          lease_owner=lease_owner)
+    loaded = operations_load_for_poll(operation_ids=operation_ids)
+    # A row the read missed is polled now: its poll reads it and judges it like any other.
+    early = {op_id: at for op_id, at in (not_before or {}).items()
+             if at - now > HOLD_AHEAD_MIN and op_id in loaded}
+    holder.add_claimed(rows=[(op_id, at, loaded[op_id]) for op_id, at in early.items()],
+                       owner=lease_owner)
+    counts = _poll_rows(threads=threads, holder=holder, lease_owner=lease_owner, loaded=loaded,
+                        operation_ids=[op_id for op_id in operation_ids if op_id not in early])
+    counts["ahead"] = len(early)
+    return counts
 
 
 def _poll_rows(*, threads: _PollThreads, holder: _Holder, operation_ids: list[uuid.UUID],
-               lease_owner: str) -> dict[str, int]:
+               lease_owner: str, loaded: dict[uuid.UUID, Operation] | None = None,
+               ) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for op_id, future in _submit_rows(threads=threads, holder=holder,
+    if not operation_ids:
+        return counts
+    for op_id, future in _submit_rows(threads=threads, holder=holder, loaded=loaded,
                                       operation_ids=operation_ids, lease_owner=lease_owner):
         outcome = future.result()
         label = outcome.partition(":")[0]
@@ -292,15 +348,22 @@ def _hold_if_held(*, holder: _Holder, op_id: uuid.UUID, outcome: str, owner: str
         holder.add(rows=[(op_id, datetime.fromisoformat(detail))], owner=owner)
 
 
-def operations_release_held(*, rows: list[tuple[datetime, str, str]]) -> int:
-    """Hand back held leases (this process stops): the rows stay due at their next poll time."""
+def operations_release_held(*, rows: list[_Held]) -> int:
+    """Hand back held leases (this process stops). A row held after its poll stays due at the
+    next poll time that poll wrote; a row claimed ahead (whose claim moved that time to the
+    lease's end) becomes due now, at most one dispatcher horizon early."""
     released = 0
-    by_owner: dict[str, list[str]] = {}
-    for _at, op_id, owner in rows:
-        by_owner.setdefault(owner, []).append(op_id)
-    for owner, ids in by_owner.items():
+    held: dict[str, list[str]] = {}
+    ahead: dict[str, list[str]] = {}
+    for _at, op_id, owner, row in rows:
+        (held if row is None else ahead).setdefault(owner, []).append(op_id)
+    now = timezone.now()
+    for owner, ids in held.items():
         released += Operation.objects.filter(id__in=ids, lease_owner=owner).update(
-            **RELEASE, updated_at=timezone.now())
+            **RELEASE, updated_at=now)
+    for owner, ids in ahead.items():
+        released += Operation.objects.filter(id__in=ids, lease_owner=owner).update(
+            **schedule_at(at=now), updated_at=now)
     return released
 
 

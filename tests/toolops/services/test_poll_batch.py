@@ -181,9 +181,99 @@ def test_the_dispatcher_claims_a_row_when_it_falls_due_within_its_tick() -> None
     started = time.monotonic()
     claimed = operations_dispatch_following_due(
         seconds=1.0, dispatch_once=lambda: operations_dispatch_due_batches(
-            enqueue_batch=lambda ids, owner: sent.append((ids, owner)), batch_size=16))
+            enqueue_batch=lambda ids, owner, _early: sent.append((ids, owner)), batch_size=16))
     assert claimed == 1 and sent and sent[0][0] == [soon.id]
     assert time.monotonic() - started < 1.5
+
+
+def test_a_pass_claims_the_free_rows_due_within_its_horizon_and_says_when_each_is_due() -> None:
+    server = ToolServerFactory()
+    now = timezone.now()
+    due = OperationFactory(server=server, state=State.WORKING, next_poll_at=now - timedelta(seconds=1))
+    soon = OperationFactory(server=server, state=State.WORKING,
+                            next_poll_at=now + timedelta(seconds=0.5))
+    later = OperationFactory(server=server, state=State.WORKING,
+                             next_poll_at=now + timedelta(seconds=3))
+    # A live holder's lease that runs out within the horizon is still not taken from it.
+    held = OperationFactory(server=server, state=State.WORKING, lease_owner="holder",
+                            lease_expires_at=now + timedelta(seconds=0.5),
+                            next_poll_at=now + timedelta(seconds=0.5))
+    sent: list[tuple[list[uuid.UUID], str, dict[uuid.UUID, Any]]] = []
+    done = operations_dispatch_due_batches(
+        enqueue_batch=lambda ids, owner, early: sent.append((ids, owner, early)),
+        batch_size=16, ahead_seconds=1.0)
+    assert done.claimed == 2 and len(sent) == 1
+    ids, owner, early = sent[0]
+    assert ids == [due.id, soon.id]  # in the order they fall due
+    assert early == {soon.id: soon.next_poll_at}  # the row due already is not held
+    assert done.next_due_at is not None and done.next_due_at <= later.next_poll_at
+    rows = {op.id: op for op in Operation.objects.filter(id__in=[due.id, soon.id, later.id, held.id])}
+    assert rows[soon.id].lease_owner == owner and rows[due.id].lease_owner == owner
+    assert rows[later.id].lease_owner == "" and rows[held.id].lease_owner == "holder"
+    # Without a horizon the same pass takes only what is due.
+    Operation.objects.filter(id=soon.id).update(lease_owner="", lease_expires_at=None,
+                                                next_poll_at=now + timedelta(seconds=0.5))
+    assert operations_dispatch_due_batches(enqueue_batch=lambda *_a: None,
+                                           ahead_seconds=0.0).claimed == 0
+
+
+def test_a_row_claimed_ahead_is_polled_at_its_time_not_before(server: ToolServer) -> None:
+    op = _submit(server, 0.1)
+    time.sleep(0.3)  # done on the server: the first poll settles it
+    due_at = timezone.now() + timedelta(seconds=0.8)
+    Operation.objects.filter(id=op.id).update(next_poll_at=due_at)
+    sent: list[tuple[list[uuid.UUID], str, dict[uuid.UUID, Any]]] = []
+    assert operations_dispatch_due_batches(
+        enqueue_batch=lambda ids, owner, early: sent.append((ids, owner, early)),
+        ahead_seconds=2.0).claimed == 1
+    ids, owner, early = sent[0]
+    assert early == {op.id: due_at}
+    asked: list[tuple[str, float]] = []
+    transport = FaultTransport()
+    transport.before_reply = lambda method: asked.append((method, time.time()))
+    connections_use_transport(lambda _server: transport)
+    try:
+        # The batch's message returns at once: the row waits in the holder, leased, unpolled.
+        assert operations_poll_batch(operation_ids=ids, lease_owner=owner,
+                                     not_before=early) == {"ahead": 1}
+        waiting = Operation.objects.get(id=op.id)
+        assert waiting.lease_owner == owner and waiting.polls_count == op.polls_count
+        assert _wait_for(lambda: TerminalReceipt.objects.filter(operation_id=op.id).exists())
+    finally:
+        connections_use_transport(None)
+    first_get = min(at for method, at in asked if method == "tasks/get")
+    assert first_get >= due_at.timestamp()
+    done = Operation.objects.get(id=op.id)
+    assert done.state == State.ACCEPTED and done.lease_owner == ""
+
+
+def test_a_row_claimed_ahead_and_due_already_is_polled_with_its_batch(server: ToolServer) -> None:
+    op = _submit(server, 0.1)
+    time.sleep(0.3)
+    ids = _claim_now(op, owner="batch-ahead-late")
+    # The message came late (a queue behind): its row's time has passed, so no hold.
+    late = {op.id: timezone.now() - timedelta(seconds=0.2)}
+    assert operations_poll_batch(operation_ids=ids, lease_owner="batch-ahead-late",
+                                 not_before=late) == {"accepted": 1}
+
+
+def test_stopping_hands_back_a_row_claimed_ahead_due_now(server: ToolServer) -> None:
+    op = _submit(server, 5.0)
+    due_at = timezone.now() + timedelta(seconds=2)
+    Operation.objects.filter(id=op.id).update(next_poll_at=due_at)
+    sent: list[tuple[list[uuid.UUID], str, dict[uuid.UUID, Any]]] = []
+    operations_dispatch_due_batches(
+        enqueue_batch=lambda ids, owner, early: sent.append((ids, owner, early)),
+        ahead_seconds=2.4)
+    ids, owner, early = sent[0]
+    assert operations_poll_batch(operation_ids=ids, lease_owner=owner,
+                                 not_before=early) == {"ahead": 1}
+    # The claim moved its next poll time to the lease's end; handed back, it is due at once.
+    assert poll_threads_stop() == 1
+    row = Operation.objects.get(id=op.id)
+    assert row.lease_owner == "" and row.lease_expires_at is None
+    assert row.next_poll_at is not None and row.next_poll_at <= timezone.now()
+    assert row.polls_count == op.polls_count
 
 
 def test_claimed_rows_go_out_in_batches_of_the_configured_size() -> None:
@@ -192,7 +282,7 @@ def test_claimed_rows_go_out_in_batches_of_the_configured_size() -> None:
     rows = OperationFactory.build_batch(10, server=server, state=State.WORKING, next_poll_at=now)
     Operation.objects.bulk_create(rows)
     sent: list[list[uuid.UUID]] = []
-    done = operations_dispatch_due_batches(enqueue_batch=lambda ids, _o: sent.append(ids),
+    done = operations_dispatch_due_batches(enqueue_batch=lambda ids, _o, _e: sent.append(ids),
                                            batch_size=4, room=9)
     assert done.claimed == 9 and done.read_next_due
     assert done.next_due_at == now  # the tenth row, still due, read in the claim's transaction
@@ -210,6 +300,24 @@ def test_the_poll_task_takes_ids_only_and_its_rows_reach_their_receipts(server: 
     assert _wait_for(lambda: TerminalReceipt.objects.filter(operation_id__in=ids).count() == 3)
     assert set(Operation.objects.filter(id__in=ids).values_list("state", flat=True)) == {
         State.ACCEPTED}
+
+
+
+def test_the_poll_task_holds_rows_claimed_ahead_and_polls_a_time_it_cannot_read_now(
+        server: ToolServer) -> None:
+    from toolops.tasks import poll_batch
+
+    ahead, unreadable = _submit(server, 0.1), _submit(server, 0.1)
+    time.sleep(0.3)
+    ids = _claim_now(ahead, unreadable, owner="batch-g2")
+    soon = timezone.now() + timedelta(seconds=0.6)
+    # The message's times are ISO strings; one that does not parse counts as due now.
+    counts = poll_batch([str(i) for i in ids], "batch-g2",
+                        {str(ahead.id): soon.isoformat(), str(unreadable.id): "not a time"})
+    assert counts == {"accepted": 1, "ahead": 1}
+    assert TerminalReceipt.objects.filter(operation_id=unreadable.id).exists()
+    assert not TerminalReceipt.objects.filter(operation_id=ahead.id).exists()
+    assert _wait_for(lambda: TerminalReceipt.objects.filter(operation_id=ahead.id).exists())
 
 
 def _counting_row_reads(monkeypatch: pytest.MonkeyPatch) -> list[uuid.UUID]:
