@@ -28,6 +28,7 @@ from ledger.services.schedule import schedule_at, schedule_leased
 from ledger.services.statistics import ledger_statistics_refresh_grown
 from ledger.statements import statement_spelled
 from ledger.states import POLLABLE, State
+from toolops.services.poll_concurrency import machine_cpu_to_spare
 
 # SUBMITTING rows are claimable only after their submitter's lease ran out (see operation_poll).
 # SUBMISSION_UNKNOWN rows are claimed for their resolution pass (lookup by submission key).
@@ -298,9 +299,10 @@ def operations_dispatch_due_batches(
     (default TOOLOPS_POLL_BATCH_SIZE): one message per batch, polled together by one worker
     (toolops.services.poll_batch). `room` counts rows, not messages.
 
-    The claim also takes the free rows falling due within `ahead_seconds` (default
-    TOOLOPS_DISPATCH_AHEAD_SECONDS), and tells the worker when each is due, so rows due close
-    together share one claim and one message without any of them polled late or early.
+    While no poll message waits in the broker (`room` is the whole TOOLOPS_DISPATCH_MAX_QUEUED,
+    or unknown) and the machine has CPU to spare, the claim also takes the free rows falling due
+    within `ahead_seconds` (default TOOLOPS_DISPATCH_AHEAD_SECONDS), and tells the worker when
+    each is due, so rows due close together share one claim and one message, none polled early.
 
     The same transaction also reads when the next row falls due, for a dispatcher that sleeps
     until then (operations_dispatch_following_due) without a commit of its own per wake."""
@@ -310,6 +312,14 @@ def operations_dispatch_due_batches(
     claim = int(settings.TOOLOPS_CLAIM_BATCH)
     ahead = float(settings.TOOLOPS_DISPATCH_AHEAD_SECONDS if ahead_seconds is None
                   else ahead_seconds)
+    if ahead > 0 and ((room is not None and room < int(settings.TOOLOPS_DISPATCH_MAX_QUEUED))
+                      or not machine_cpu_to_spare()):
+        # Poll messages wait in the broker, or the machine is saturated: the fleet is behind. A
+        # row claimed early would be polled on time, and a row polled a little late is more
+        # often found finished (one poll instead of two): in toolops-only bursts of 5,000,
+        # claiming ahead regardless made 1.41 to 1.57 polls per call instead of 1.24 to 1.43,
+        # and raised the p99 from about 1.9 s to 2.2 to 3.6 s.
+        ahead = 0.0
     owner = f"lease-{uuid.uuid4().hex}"
     with _claim_transaction():
         rows = claim_due_ahead_locked(owner=owner, limit=claim if room is None else min(room, claim),

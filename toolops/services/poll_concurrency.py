@@ -196,3 +196,46 @@ def poll_concurrency_new(*, most: int, adaptive: bool,
         return PollConcurrency(most=most, idle=None, on_limit=on_limit)
     return PollConcurrency(most=most, idle=cpu_idle_reader(), busy=process_busy_reader(),
                            on_limit=on_limit)
+
+
+class CpuToSpare:
+    """Whether the machine has CPU to spare: more than IDLE_HIGH of it idle over the last reading
+    window (at least EVAL_SECONDS; asked more often, the last verdict stands). The dispatcher asks
+    it before claiming rows ahead of their time, which pays on a machine with CPU to spare (one
+    claim and one message for several rows) and costs on a saturated one (rows polled on time
+    instead of late are more often found still working). Where the machine's CPU cannot be read,
+    the answer is yes."""
+
+    def __init__(self, *, idle: Callable[[], float | None] | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._idle = idle
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._at = clock()
+        self._spare = True
+
+    def __call__(self) -> bool:
+        if self._idle is None:
+            return True
+        with self._lock:
+            now = self._clock()
+            if now - self._at >= EVAL_SECONDS:
+                idle = _reading(self._idle)
+                if idle is not None:
+                    self._spare = idle > IDLE_HIGH
+                self._at = now
+            return self._spare
+
+
+_spare_lock = threading.Lock()
+_spare: CpuToSpare | None = None
+
+
+def machine_cpu_to_spare() -> bool:
+    """This process's CpuToSpare on the machine's /proc/stat, made on first use (after a fork)."""
+    global _spare
+    with _spare_lock:
+        if _spare is None:
+            _spare = CpuToSpare(idle=cpu_idle_reader())
+        spare = _spare
+    return spare()

@@ -186,6 +186,15 @@ def test_the_dispatcher_claims_a_row_when_it_falls_due_within_its_tick() -> None
     assert time.monotonic() - started < 1.5
 
 
+@pytest.fixture
+def cpu_to_spare(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The machine's spare CPU as the dispatcher sees it, set by the test (yes by default)."""
+    spare = [True]
+    monkeypatch.setattr("toolops.services.dispatch.machine_cpu_to_spare", lambda: spare[0])
+    return spare
+
+
+@pytest.mark.usefixtures("cpu_to_spare")
 def test_a_pass_claims_the_free_rows_due_within_its_horizon_and_says_when_each_is_due() -> None:
     server = ToolServerFactory()
     now = timezone.now()
@@ -217,6 +226,28 @@ def test_a_pass_claims_the_free_rows_due_within_its_horizon_and_says_when_each_i
                                            ahead_seconds=0.0).claimed == 0
 
 
+@pytest.mark.parametrize("behind", ["messages-waiting", "machine-saturated"])
+def test_a_fleet_that_is_behind_claims_only_what_is_due(behind: str, cpu_to_spare: list[bool]) -> None:
+    server = ToolServerFactory()
+    now = timezone.now()
+    due = OperationFactory(server=server, state=State.WORKING, next_poll_at=now - timedelta(seconds=1))
+    soon = OperationFactory(server=server, state=State.WORKING,
+                            next_poll_at=now + timedelta(seconds=0.5))
+    room = None
+    if behind == "messages-waiting":
+        room = 84  # of 100: one batch of 16 rows waits in the broker
+    else:
+        cpu_to_spare[0] = False
+    sent: list[tuple[list[uuid.UUID], dict[uuid.UUID, Any]]] = []
+    with override_settings(TOOLOPS_DISPATCH_MAX_QUEUED=100):
+        done = operations_dispatch_due_batches(
+            enqueue_batch=lambda ids, _owner, early: sent.append((ids, early)), room=room,
+            ahead_seconds=1.0)
+    assert done.claimed == 1 and sent == [([due.id], {})]
+    assert Operation.objects.get(id=soon.id).lease_owner == ""
+
+
+@pytest.mark.usefixtures("cpu_to_spare")
 def test_a_row_claimed_ahead_is_polled_at_its_time_not_before(server: ToolServer) -> None:
     op = _submit(server, 0.1)
     time.sleep(0.3)  # done on the server: the first poll settles it
@@ -257,6 +288,7 @@ def test_a_row_claimed_ahead_and_due_already_is_polled_with_its_batch(server: To
                                  not_before=late) == {"accepted": 1}
 
 
+@pytest.mark.usefixtures("cpu_to_spare")
 def test_stopping_hands_back_a_row_claimed_ahead_due_now(server: ToolServer) -> None:
     op = _submit(server, 5.0)
     due_at = timezone.now() + timedelta(seconds=2)

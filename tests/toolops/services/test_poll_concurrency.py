@@ -12,6 +12,7 @@ import pytest
 from toolops.services import poll_concurrency
 from toolops.services.poll_concurrency import (
     EVAL_SECONDS,
+    CpuToSpare,
     PollConcurrency,
     cpu_idle_reader,
     poll_concurrency_new,
@@ -261,3 +262,37 @@ def test_the_limit_is_a_metric_while_the_threads_run(monkeypatch: pytest.MonkeyP
         finally:
             poll_batch.poll_threads_stop()
         assert gauge() == 0.0
+
+
+def test_cpu_to_spare_follows_the_machine_reading_once_per_window() -> None:
+    clock = _Clock()
+    readings = [0.05, 0.6, 0.2]
+    spare = CpuToSpare(idle=lambda: readings.pop(0), clock=clock)
+    assert spare()  # no window has passed yet: the first verdict is yes
+    clock.step()
+    assert not spare()  # 5 % idle: saturated
+    assert not spare() and len(readings) == 2  # within the window the verdict stands, unread
+    clock.step()
+    assert spare()  # 60 % idle
+    clock.step()
+    assert not spare()  # 20 %: not more than IDLE_HIGH
+
+
+def test_cpu_to_spare_without_a_reading_says_yes_and_an_unreadable_moment_changes_nothing(
+        tmp_path: Path) -> None:
+    assert CpuToSpare(idle=cpu_idle_reader(str(tmp_path / "missing")))()
+    clock = _Clock()
+    answers: list[float | None] = [0.05, None]
+    spare = CpuToSpare(idle=lambda: answers.pop(0), clock=clock)
+    clock.step()
+    assert not spare()
+    clock.step()
+    assert not spare()  # nothing elapsed on the machine's counters: the last verdict stands
+
+
+def test_the_processs_cpu_to_spare_reads_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(poll_concurrency, "_spare", None)
+    assert isinstance(poll_concurrency.machine_cpu_to_spare(), bool)
+    made = poll_concurrency._spare
+    assert made is not None and poll_concurrency.machine_cpu_to_spare() in (True, False)
+    assert poll_concurrency._spare is made  # one per process
