@@ -19,8 +19,11 @@ source of truth) and the process's holder thread polls it again at that time, in
 releasing it to the dispatcher tick and the broker. Before each held poll the holder renews the
 lease with a guarded UPDATE that requires the lease to be still ours and unexpired and returns
 the renewed rows with their servers (so those polls need no read of their own); the poll itself
-re-checks the lease on that row and on every write. If the process dies or falls behind, the held
-lease ends TOOLOPS_POLL_HOLD_GRACE_SECONDS after the due time and the dispatcher claims the row.
+re-checks the lease on that row and on every write. A renewal also takes the held rows falling
+due within TOOLOPS_DISPATCH_AHEAD_SECONDS, each then polled at its own time with that read: held
+rows due close together share one renewal, as claimed rows share one claim. If the process dies
+or falls behind, the held lease ends TOOLOPS_POLL_HOLD_GRACE_SECONDS after the due time and the
+dispatcher claims the row.
 
 Threads and the database: each poll thread and the holder thread has its own Django connection
 (Django keeps one per thread). Each thread runs `close_old_connections` (what Django does
@@ -35,18 +38,15 @@ from __future__ import annotations
 
 import heapq
 import logging
-import queue
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connections
+from django.db import connections
 from django.utils import timezone
 
 from ledger.models import Operation
@@ -56,84 +56,14 @@ from ledger.states import POLLABLE
 from toolops.metrics import poll_concurrency_gone, poll_concurrency_set
 from toolops.services.boundary import operation_poll_guarded, operations_load_for_poll
 from toolops.services.db_retry import exception_redacted
-from toolops.services.poll_concurrency import PollConcurrency, poll_concurrency_new
+from toolops.services.poll_concurrency import poll_concurrency_new
+from toolops.services.poll_threads import ConnectionCheck, PollThreads
 
 logger = logging.getLogger("toolops.poll_batch")
 
-_STOP = object()
 # A row claimed ahead that is due sooner than this is polled at once: a hold that short costs a
 # trip through the holder thread for nothing.
 HOLD_AHEAD_MIN = timedelta(milliseconds=5)
-# How often a poll or holder thread checks its connection (see the module docstring). A broken
-# connection met in between fails one row, whose boundary reopens it and records the crash.
-CONNECTION_CHECK_INTERVAL_SECONDS = 1.0
-
-
-class _ConnectionCheck:
-    """`close_old_connections` on this thread when due: every interval, or after a failure."""
-
-    def __init__(self) -> None:
-        self._next = 0.0
-
-    def __call__(self, *, failed: bool = False) -> None:
-        now = time.monotonic()
-        if failed or now >= self._next:
-            close_old_connections()
-            self._next = now + CONNECTION_CHECK_INTERVAL_SECONDS
-
-
-class _PollThreads:
-    """A fixed set of threads running row jobs, at most `gate.limit` at once (the gate adapts it
-    to the CPU to spare, toolops.services.poll_concurrency); each thread closes its DB
-    connections when it stops."""
-
-    def __init__(self, *, size: int, gate: PollConcurrency) -> None:
-        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._gate = gate
-        self._threads = [threading.Thread(target=self._run, name=f"toolops-poll-{i}", daemon=True)
-                         for i in range(max(size, 1))]
-        for thread in self._threads:
-            thread.start()
-
-    def _run(self) -> None:
-        check = _ConnectionCheck()
-        failed = False
-        try:
-            while True:
-                item = self._jobs.get()
-                if item is _STOP:
-                    return
-                job, future = item
-                # The job in hand waits for a slot, never a thread without one: a wait here is
-                # rows asking for more polls in flight than the limit (the gate's demand signal).
-                self._gate.acquire()
-                try:
-                    if not future.set_running_or_notify_cancel():
-                        continue
-                    check(failed=failed)  # a broken or expired connection is replaced first
-                    outcome = job()
-                    # A crash the boundary recorded may have left the connection broken.
-                    failed = outcome.startswith("executor_error")
-                    future.set_result(outcome)
-                except BaseException as exc:  # the boundary returns labels; this is a last resort
-                    failed = True
-                    future.set_exception(exc)
-                finally:
-                    self._gate.release()
-        finally:
-            connections.close_all()
-
-    def submit(self, job: Callable[[], str]) -> Future[str]:
-        future: Future[str] = Future()
-        self._jobs.put((job, future))
-        return future
-
-    def stop(self) -> None:
-        for _ in self._threads:
-            self._jobs.put(_STOP)
-        self._gate.open()  # the jobs already taken run now, whatever the limit
-        for thread in self._threads:
-            thread.join(timeout=5.0)
 
 
 # One row the holder keeps: when it is due, its id, its lease owner, and the row as read when it
@@ -147,7 +77,7 @@ class _Holder:
     at the due time) and rows the dispatcher claimed ahead of their time (their fresh claim is
     the lease; their read from the claim's batch goes to the poll)."""
 
-    def __init__(self, *, threads: _PollThreads) -> None:
+    def __init__(self, *, threads: PollThreads) -> None:
         self._threads = threads
         self._heap: list[_Held] = []
         self._cond = threading.Condition()
@@ -179,18 +109,53 @@ class _Holder:
                 if self._heap:
                     wait = (self._heap[0][0] - timezone.now()).total_seconds()
                     if wait <= 0:
-                        now = timezone.now()
-                        due = []
-                        while self._heap and self._heap[0][0] <= now:
-                            due.append(heapq.heappop(self._heap))
-                        return due
+                        return self._pop_due(now=timezone.now())
                     self._cond.wait(timeout=wait)
                 else:
                     self._cond.wait()
             return None
 
+    def _pop_due(self, *, now: datetime) -> list[_Held]:
+        """The entries due at `now`; with a renewal among them, also the held rows due within
+        the dispatcher's horizon (TOOLOPS_DISPATCH_AHEAD_SECONDS), renewed by the same statement
+        and polled at their own times: held rows falling due close together share one renewal,
+        as claimed rows share one claim. The caller holds the lock."""
+        due = []
+        while self._heap and self._heap[0][0] <= now:
+            due.append(heapq.heappop(self._heap))
+        if any(row is None for _at, _key, _owner, row in due):
+            horizon = now + timedelta(seconds=float(settings.TOOLOPS_DISPATCH_AHEAD_SECONDS))
+            soon = [entry for entry in self._heap if entry[3] is None and entry[0] <= horizon]
+            if soon:
+                self._heap = [entry for entry in self._heap
+                              if not (entry[3] is None and entry[0] <= horizon)]
+                heapq.heapify(self._heap)
+                due.extend(soon)
+        return due
+
+    def _renewed_soon(self, *, due: list[_Held], owner: str,
+                      renewed: dict[uuid.UUID, Operation]) -> list[uuid.UUID]:
+        """Of a renewal round's rows, those due now; the renewed rows due later go back to the
+        heap with their read (their lease is fresh, so no second renewal at their time)."""
+        now = timezone.now()
+        polled_now: list[uuid.UUID] = []
+        later: list[_Held] = []
+        for at, key, entry_owner, row in due:
+            if row is not None or entry_owner != owner:
+                continue
+            op_id = uuid.UUID(key)
+            if at <= now:
+                polled_now.append(op_id)
+            elif op_id in renewed:
+                later.append((at, key, owner, renewed[op_id]))
+            else:
+                later.append((at, key, owner, None))  # polled at its time, and refused then
+        if later:
+            self._push(later)
+        return polled_now
+
     def _run(self) -> None:
-        check = _ConnectionCheck()
+        check = ConnectionCheck()
         failed = False
         try:
             while True:
@@ -221,10 +186,13 @@ class _Holder:
                         # The rows keep their held leases, which run out; the dispatcher re-claims.
                         logger.warning("held leases not renewed: %s", exception_redacted(exc)["type"])
                         continue
+                    now_ids = self._renewed_soon(due=due, owner=owner, renewed=renewed)
+                    if not now_ids:
+                        continue
                     # Not waited for: the next due rows must not queue behind this round's polls.
                     # Its own threads, never _pool(): while stopping, that would start anew.
                     for row_id, future in _submit_rows(threads=self._threads, holder=self,
-                                                       operation_ids=ids, lease_owner=owner,
+                                                       operation_ids=now_ids, lease_owner=owner,
                                                        loaded=renewed):
                         future.add_done_callback(partial(self._settled, row_id, owner))
         finally:
@@ -248,11 +216,11 @@ class _Holder:
 
 
 _lock = threading.Lock()
-_threads: _PollThreads | None = None
+_threads: PollThreads | None = None
 _holder: _Holder | None = None
 
 
-def _pool() -> tuple[_PollThreads, _Holder]:
+def _pool() -> tuple[PollThreads, _Holder]:
     """This process's poll threads and holder, started on first use (after a prefork fork)."""
     global _threads, _holder
     with _lock:
@@ -260,7 +228,7 @@ def _pool() -> tuple[_PollThreads, _Holder]:
             size = int(settings.TOOLOPS_POLL_THREADS)
             gate = poll_concurrency_new(most=size, adaptive=bool(settings.TOOLOPS_POLL_ADAPTIVE),
                                         on_limit=lambda limit: poll_concurrency_set(limit=limit))
-            _threads = _PollThreads(size=size, gate=gate)
+            _threads = PollThreads(size=size, gate=gate)
             _holder = _Holder(threads=_threads)
         return _threads, _holder
 
@@ -307,7 +275,7 @@ def operations_poll_batch(*, operation_ids: list[uuid.UUID], lease_owner: str,
     return counts
 
 
-def _poll_rows(*, threads: _PollThreads, holder: _Holder, operation_ids: list[uuid.UUID],
+def _poll_rows(*, threads: PollThreads, holder: _Holder, operation_ids: list[uuid.UUID],
                lease_owner: str, loaded: dict[uuid.UUID, Operation] | None = None,
                ) -> dict[str, int]:
     counts: dict[str, int] = {}
@@ -322,7 +290,7 @@ def _poll_rows(*, threads: _PollThreads, holder: _Holder, operation_ids: list[uu
     return counts
 
 
-def _submit_rows(*, threads: _PollThreads, holder: _Holder, operation_ids: list[uuid.UUID],
+def _submit_rows(*, threads: PollThreads, holder: _Holder, operation_ids: list[uuid.UUID],
                  lease_owner: str, loaded: dict[uuid.UUID, Operation] | None = None,
                  ) -> list[tuple[uuid.UUID, Future[str]]]:
     """Hand each row to the poll threads, inside the per-row error boundary. `loaded`: rows

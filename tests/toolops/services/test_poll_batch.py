@@ -21,7 +21,7 @@ from ledger.selectors.rows import operations_load
 from ledger.states import State
 from tests.ledger.factories import OperationFactory, ToolServerFactory
 from tests.peers.fault_transport import FaultTransport
-from toolops.services import observe
+from toolops.services import observe, poll_batch
 from toolops.services.connections import connections_use_transport
 from toolops.services.dispatch import (
     operations_claim_due,
@@ -137,6 +137,43 @@ def test_a_working_row_is_held_and_polled_again_in_process_until_accepted(server
     done = Operation.objects.get(id=op.id)
     assert done.state == State.ACCEPTED and done.lease_owner == ""
     assert done.poll_attempts >= 2  # each held poll is counted like a claim
+
+
+@pytest.mark.parametrize("ahead", [0.6, 0.0])
+def test_held_rows_due_close_together_share_one_renewal_and_each_is_polled_at_its_time(
+        server: ToolServer, monkeypatch: pytest.MonkeyPatch, ahead: float) -> None:
+    first = _submit(server, 1.5)
+    time.sleep(0.2)
+    second = _submit(server, 1.5)
+    ids = _claim_now(first, second, owner="batch-r")
+    renewals: list[list[uuid.UUID]] = []
+    real = poll_batch.operations_hold_renew
+
+    def renew(*, ids: list[uuid.UUID], owner: str) -> dict[uuid.UUID, Operation]:
+        renewals.append(sorted(ids))
+        return real(ids=ids, owner=owner)
+
+    monkeypatch.setattr(poll_batch, "operations_hold_renew", renew)
+    asked: list[float] = []
+    transport = FaultTransport()
+    transport.before_reply = lambda method: asked.append(time.time()) if method == "tasks/get" else None
+    connections_use_transport(lambda _server: transport)
+    try:
+        with override_settings(TOOLOPS_DISPATCH_AHEAD_SECONDS=ahead):
+            assert operations_poll_batch(operation_ids=ids, lease_owner="batch-r") == {"held": 2}
+            due = sorted(Operation.objects.filter(id__in=ids).values_list("next_poll_at", flat=True))
+            assert due[1] > due[0]
+            assert _wait_for(lambda: len(asked) >= 4)
+    finally:
+        connections_use_transport(None)
+    # The second round of polls: each at or after its own time, never the later one early.
+    second_round = sorted(asked)[2:4]
+    assert second_round[0] >= due[0].timestamp() and second_round[1] >= due[1].timestamp()
+    first_renewal = renewals[0]
+    if ahead and (due[1] - due[0]).total_seconds() <= ahead:
+        assert first_renewal == sorted(ids)  # one statement renewed both
+    else:
+        assert len(first_renewal) == 1
 
 
 def test_with_holding_off_a_working_row_is_released(server: ToolServer) -> None:
