@@ -66,9 +66,9 @@ logger = logging.getLogger("toolops.poll_batch")
 HOLD_AHEAD_MIN = timedelta(milliseconds=5)
 
 
-# One row the holder keeps: when it is due, its id, its lease owner, and the row as read when it
-# was claimed ahead of its time (None for a row held after its own poll, whose lease is renewed
-# before the next one).
+# One row the holder keeps: when it is due, its id, its lease owner, and its read when its lease
+# is already fresh (claimed ahead of its time, or renewed ahead with a held row due before it);
+# None for a row held after its own poll, whose lease is renewed when it is due.
 _Held = tuple[datetime, str, str, Operation | None]
 
 
@@ -318,8 +318,9 @@ def _hold_if_held(*, holder: _Holder, op_id: uuid.UUID, outcome: str, owner: str
 
 def operations_release_held(*, rows: list[_Held]) -> int:
     """Hand back held leases (this process stops). A row held after its poll stays due at the
-    next poll time that poll wrote; a row claimed ahead (whose claim moved that time to the
-    lease's end) becomes due now, at most one dispatcher horizon early."""
+    next poll time that poll wrote; a row held with a fresh lease (claimed ahead, whose claim
+    moved that time to the lease's end, or renewed ahead) becomes due now, at most one
+    dispatcher horizon early."""
     released = 0
     held: dict[str, list[str]] = {}
     ahead: dict[str, list[str]] = {}
