@@ -37,7 +37,7 @@ def _enqueue_batch(operation_ids: list[uuid.UUID], lease_owner: str,
     ids = [str(op_id) for op_id in operation_ids]
     if early:  # rows claimed before their time: the worker holds each until it is due
         poll_batch.delay(ids, lease_owner, {str(k): at.isoformat() for k, at in early.items()})
-    else:
+    else:  # the two-argument message, which a worker of the release before also takes
         poll_batch.delay(ids, lease_owner)
 
 

@@ -147,7 +147,6 @@ def _settled(cluster: Cluster, keys: list[str]) -> bool:
     return all(states.get(k) in ("ACCEPTED", "RECONCILIATION_REQUIRED") for k in keys)
 
 
-
 def test_a_database_crash_loses_no_call_and_duplicates_nothing(
     mcp_url: str, cluster: Cluster, tmp_path: Path
 ) -> None:

@@ -170,11 +170,8 @@ class _Holder:
                     else:
                         claimed.setdefault(owner, {})[uuid.UUID(key)] = row
                 for owner, rows in claimed.items():
-                    # Claimed moments ago with a full lease: nothing to renew before the poll.
-                    for row_id, future in _submit_rows(
-                            threads=self._threads, holder=self, operation_ids=list(rows),
-                            lease_owner=owner, loaded=rows):
-                        future.add_done_callback(partial(self._settled, row_id, owner))
+                    # Claimed or renewed moments ago, a full lease: nothing to renew before the poll.
+                    self._hand_over(ids=list(rows), owner=owner, loaded=rows)
                 for owner, ids in by_owner.items():
                     try:
                         check(failed=failed)
@@ -187,16 +184,19 @@ class _Holder:
                         logger.warning("held leases not renewed: %s", exception_redacted(exc)["type"])
                         continue
                     now_ids = self._renewed_soon(due=due, owner=owner, renewed=renewed)
-                    if not now_ids:
-                        continue
-                    # Not waited for: the next due rows must not queue behind this round's polls.
-                    # Its own threads, never _pool(): while stopping, that would start anew.
-                    for row_id, future in _submit_rows(threads=self._threads, holder=self,
-                                                       operation_ids=now_ids, lease_owner=owner,
-                                                       loaded=renewed):
-                        future.add_done_callback(partial(self._settled, row_id, owner))
+                    if now_ids:
+                        self._hand_over(ids=now_ids, owner=owner, loaded=renewed)
         finally:
             connections.close_all()
+
+    def _hand_over(self, *, ids: list[uuid.UUID], owner: str,
+                   loaded: dict[uuid.UUID, Operation]) -> None:
+        """Poll these rows now, with their reads. Not waited for: the next due rows must not
+        queue behind this round's polls. Its own threads, never _pool(): while stopping, that
+        would start anew."""
+        for row_id, future in _submit_rows(threads=self._threads, holder=self, operation_ids=ids,
+                                           lease_owner=owner, loaded=loaded):
+            future.add_done_callback(partial(self._settled, row_id, owner))
 
     def _settled(self, op_id: uuid.UUID, owner: str, future: Future[str]) -> None:
         if future.exception() is None:
@@ -257,16 +257,15 @@ def operations_poll_batch(*, operation_ids: list[uuid.UUID], lease_owner: str,
     if not operation_ids:
         return {}
     threads, holder = _pool()
-    now = timezone.now()
-    batch = set(operation_ids)
-    if not any(at - now > HOLD_AHEAD_MIN and op_id in batch
-               for op_id, at in (not_before or {}).items()):
+    now, batch = timezone.now(), set(operation_ids)
+    ahead = {op_id: at for op_id, at in (not_before or {}).items()
+             if at - now > HOLD_AHEAD_MIN and op_id in batch}
+    if not ahead:
         return _poll_rows(threads=threads, holder=holder, operation_ids=operation_ids,
                           lease_owner=lease_owner)
     loaded = operations_load_for_poll(operation_ids=operation_ids)
     # A row the read missed is polled now: its poll reads it and judges it like any other.
-    early = {op_id: at for op_id, at in (not_before or {}).items()
-             if at - now > HOLD_AHEAD_MIN and op_id in loaded}
+    early = {op_id: at for op_id, at in ahead.items() if op_id in loaded}
     holder.add_claimed(rows=[(op_id, at, loaded[op_id]) for op_id, at in early.items()],
                        owner=lease_owner)
     counts = _poll_rows(threads=threads, holder=holder, lease_owner=lease_owner, loaded=loaded,
