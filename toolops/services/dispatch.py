@@ -287,7 +287,8 @@ class DispatchPass:
 
 
 # What a batch's enqueue callback gets: the rows, their lease owner, and the rows claimed before
-# their time with the time each falls due (empty when all were due at the claim).
+# their time with the time each falls due (empty when all were due at the claim); while the
+# fleet is behind, every row with the time it fell due.
 EnqueueBatch = Callable[[list[uuid.UUID], str, dict[uuid.UUID, datetime]], None]
 
 
@@ -303,6 +304,7 @@ def operations_dispatch_due_batches(
     or unknown) and the machine has CPU to spare, the claim also takes the free rows falling due
     within `ahead_seconds` (default TOOLOPS_DISPATCH_AHEAD_SECONDS), and tells the worker when
     each is due, so rows due close together share one claim and one message, none polled early.
+    Otherwise the fleet is behind, and each row goes with the time it fell due.
 
     The same transaction also reads when the next row falls due, for a dispatcher that sleeps
     until then (operations_dispatch_following_due) without a commit of its own per wake."""
@@ -312,13 +314,15 @@ def operations_dispatch_due_batches(
     claim = int(settings.TOOLOPS_CLAIM_BATCH)
     ahead = float(settings.TOOLOPS_DISPATCH_AHEAD_SECONDS if ahead_seconds is None
                   else ahead_seconds)
-    if ahead > 0 and ((room is not None and room < int(settings.TOOLOPS_DISPATCH_MAX_QUEUED))
-                      or not machine_cpu_to_spare()):
-        # Poll messages wait in the broker, or the machine is saturated: the fleet is behind. A
-        # row claimed early would be polled on time, and a row polled a little late is more
-        # often found finished (one poll instead of two): in toolops-only bursts of 5,000,
-        # claiming ahead regardless made 1.41 to 1.57 polls per call instead of 1.24 to 1.43,
-        # and raised the p99 from about 1.9 s to 2.2 to 3.6 s.
+    # Poll messages wait in the broker, or the machine is saturated: the fleet is behind. A row
+    # claimed early would be polled on time, and a row polled a little late is more often found
+    # finished (one poll instead of two): in toolops-only bursts of 5,000, claiming ahead
+    # regardless made 1.41 to 1.57 polls per call instead of 1.24 to 1.43, and raised the p99
+    # from about 1.9 s to 2.2 to 3.6 s. Behind, every row's due time goes with its batch, so
+    # the worker may put a first poll off (TOOLOPS_POLL_DEFER_FIRST_WHEN_BUSY).
+    behind = ((room is not None and room < int(settings.TOOLOPS_DISPATCH_MAX_QUEUED))
+              or not machine_cpu_to_spare())
+    if behind:
         ahead = 0.0
     owner = f"lease-{uuid.uuid4().hex}"
     with _claim_transaction():
@@ -327,7 +331,7 @@ def operations_dispatch_due_batches(
         now = timezone.now()
         for start in range(0, len(rows), size):
             part = rows[start:start + size]
-            early = {op_id: due for op_id, due in part if due > now}
+            early = dict(part) if behind else {op_id: due for op_id, due in part if due > now}
             # Never enqueue inside the transaction: a rolled-back claim must send nothing.
             transaction.on_commit(partial(enqueue_batch, [op_id for op_id, _due in part], owner,
                                           early))

@@ -52,11 +52,11 @@ from django.utils import timezone
 from ledger.models import Operation
 from ledger.services.guarded import operations_leases_extend
 from ledger.services.schedule import RELEASE, schedule_at
-from ledger.states import POLLABLE
+from ledger.states import POLLABLE, State
 from toolops.metrics import poll_concurrency_gone, poll_concurrency_set
 from toolops.services.boundary import operation_poll_guarded, operations_load_for_poll
 from toolops.services.db_retry import exception_redacted
-from toolops.services.poll_concurrency import poll_concurrency_new
+from toolops.services.poll_concurrency import machine_cpu_to_spare, poll_concurrency_new
 from toolops.services.poll_threads import ConnectionCheck, PollThreads
 
 logger = logging.getLogger("toolops.poll_batch")
@@ -251,27 +251,63 @@ def operations_poll_batch(*, operation_ids: list[uuid.UUID], lease_owner: str,
     """Poll each row of a batch leased to `lease_owner` concurrently, each inside the per-row
     error boundary; keep the working rows whose next poll is near. Returns outcome counts.
 
-    `not_before`: rows the dispatcher claimed ahead of their time, with that time. Those still
-    ahead go to the holder with their read and are polled when due (counted as `ahead`); the
-    others are polled now."""
+    `not_before`: the rows' due times, as the dispatcher's claim found them. Rows still ahead
+    (claimed before their time) go to the holder with their read and are polled when due
+    (counted as `ahead`). Rows due already are polled now, except, on a machine with no CPU to
+    spare, a row's first poll, which is put off by one interval (counted as `deferred`,
+    `_first_polls_deferred`)."""
     if not operation_ids:
         return {}
     threads, holder = _pool()
     now, batch = timezone.now(), set(operation_ids)
-    ahead = {op_id: at for op_id, at in (not_before or {}).items()
-             if at - now > HOLD_AHEAD_MIN and op_id in batch}
-    if not ahead:
+    due = {op_id: at for op_id, at in (not_before or {}).items() if op_id in batch}
+    ahead = {op_id: at for op_id, at in due.items() if at - now > HOLD_AHEAD_MIN}
+    busy = (len(ahead) < len(due) and bool(settings.TOOLOPS_POLL_DEFER_FIRST_WHEN_BUSY)
+            and holder.size() < int(settings.TOOLOPS_POLL_HOLD_MAX_ROWS)
+            and not machine_cpu_to_spare())
+    if not ahead and not busy:
         return _poll_rows(threads=threads, holder=holder, operation_ids=operation_ids,
                           lease_owner=lease_owner)
     loaded = operations_load_for_poll(operation_ids=operation_ids)
     # A row the read missed is polled now: its poll reads it and judges it like any other.
     early = {op_id: at for op_id, at in ahead.items() if op_id in loaded}
-    holder.add_claimed(rows=[(op_id, at, loaded[op_id]) for op_id, at in early.items()],
+    deferred = _first_polls_deferred(due=due, loaded=loaded, now=now) if busy else {}
+    later = {**early, **deferred}
+    holder.add_claimed(rows=[(op_id, at, loaded[op_id]) for op_id, at in later.items()],
                        owner=lease_owner)
     counts = _poll_rows(threads=threads, holder=holder, lease_owner=lease_owner, loaded=loaded,
-                        operation_ids=[op_id for op_id in operation_ids if op_id not in early])
-    counts["ahead"] = len(early)
+                        operation_ids=[op_id for op_id in operation_ids if op_id not in later])
+    if ahead:
+        counts["ahead"] = len(early)
+    if deferred:
+        counts["deferred"] = len(deferred)
     return counts
+
+
+def _first_polls_deferred(*, due: Mapping[uuid.UUID, datetime], loaded: Mapping[uuid.UUID, Operation],
+                          now: datetime) -> dict[uuid.UUID, datetime]:
+    """The rows due already whose poll would be their first answer since the submit's reply,
+    each with its due time plus one interval: the time the poll after it would have come.
+
+    On a saturated machine every poll costs another call's CPU, and the first poll of a row is
+    the one most often answered "working" (a task rarely ends within one suggested interval), so
+    it is skipped; the server's interval is a floor, never a promise to poll that soon. Such a
+    row waits in the holder under its claim's fresh lease, so the wait is capped at half a lease,
+    and never reaches the row's expiry. Only a WORKING row claimed once, never yet answered
+    "working", qualifies: a row retried, cancelled, asked for input or back from a lapsed lease
+    is polled at its time."""
+    cap = timedelta(seconds=float(settings.TOOLOPS_LEASE_SECONDS) / 2)
+    deferred = {}
+    for op_id, at in due.items():
+        row = loaded.get(op_id)
+        if (row is None or row.state != State.WORKING or row.polls_count or row.poll_attempts > 1
+                or not row.poll_interval_ms or at - now > HOLD_AHEAD_MIN):
+            continue
+        until = at + timedelta(milliseconds=row.poll_interval_ms)
+        if (HOLD_AHEAD_MIN < until - now <= cap
+                and (row.expires_at is None or until < row.expires_at)):
+            deferred[op_id] = until
+    return deferred
 
 
 def _poll_rows(*, threads: PollThreads, holder: _Holder, operation_ids: list[uuid.UUID],

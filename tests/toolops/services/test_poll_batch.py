@@ -225,9 +225,11 @@ def test_the_dispatcher_claims_a_row_when_it_falls_due_within_its_tick() -> None
 
 @pytest.fixture
 def cpu_to_spare(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """The machine's spare CPU as the dispatcher sees it, set by the test (yes by default)."""
+    """The machine's spare CPU as the dispatcher and the worker see it, set by the test (yes by
+    default)."""
     spare = [True]
     monkeypatch.setattr("toolops.services.dispatch.machine_cpu_to_spare", lambda: spare[0])
+    monkeypatch.setattr("toolops.services.poll_batch.machine_cpu_to_spare", lambda: spare[0])
     return spare
 
 
@@ -280,7 +282,8 @@ def test_a_fleet_that_is_behind_claims_only_what_is_due(behind: str, cpu_to_spar
         done = operations_dispatch_due_batches(
             enqueue_batch=lambda ids, _owner, early: sent.append((ids, early)), room=room,
             ahead_seconds=1.0)
-    assert done.claimed == 1 and sent == [([due.id], {})]
+    # Behind, each row goes with the time it fell due: its worker may put a first poll off.
+    assert done.claimed == 1 and sent == [([due.id], {due.id: due.next_poll_at})]
     assert Operation.objects.get(id=soon.id).lease_owner == ""
 
 
@@ -315,6 +318,7 @@ def test_a_row_claimed_ahead_is_polled_at_its_time_not_before(server: ToolServer
     assert done.state == State.ACCEPTED and done.lease_owner == ""
 
 
+@pytest.mark.usefixtures("cpu_to_spare")
 def test_a_row_claimed_ahead_and_due_already_is_polled_with_its_batch(server: ToolServer) -> None:
     op = _submit(server, 0.1)
     time.sleep(0.3)
@@ -323,6 +327,50 @@ def test_a_row_claimed_ahead_and_due_already_is_polled_with_its_batch(server: To
     late = {op.id: timezone.now() - timedelta(seconds=0.2)}
     assert operations_poll_batch(operation_ids=ids, lease_owner="batch-ahead-late",
                                  not_before=late) == {"accepted": 1}
+
+
+def test_on_a_busy_machine_a_first_poll_waits_one_more_interval(
+        server: ToolServer, cpu_to_spare: list[bool]) -> None:
+    cpu_to_spare[0] = False
+    op = _submit(server, 0.1)
+    time.sleep(0.3)  # done on the server: the one poll it gets settles it
+    ids = _claim_now(op, owner="batch-busy")
+    Operation.objects.filter(id=op.id).update(poll_interval_ms=700)
+    due_at = timezone.now() - timedelta(seconds=0.1)
+    asked: list[tuple[str, float]] = []
+    transport = FaultTransport()
+    transport.before_reply = lambda method: asked.append((method, time.time()))
+    connections_use_transport(lambda _server: transport)
+    try:
+        # Due already, but its first poll: it waits in the holder, leased and unpolled.
+        assert operations_poll_batch(operation_ids=ids, lease_owner="batch-busy",
+                                     not_before={op.id: due_at}) == {"deferred": 1}
+        waiting = Operation.objects.get(id=op.id)
+        assert waiting.lease_owner == "batch-busy" and waiting.state == State.WORKING
+        assert _wait_for(lambda: TerminalReceipt.objects.filter(operation_id=op.id).exists())
+    finally:
+        connections_use_transport(None)
+    gets = [at for method, at in asked if method == "tasks/get"]
+    assert len(gets) == 1 and gets[0] >= due_at.timestamp() + 0.7
+    assert Operation.objects.get(id=op.id).state == State.ACCEPTED
+
+
+@pytest.mark.parametrize("case", ["cpu-to-spare", "answered-working-before", "setting-off",
+                                  "interval-past-half-a-lease"])
+def test_a_poll_that_is_not_a_first_one_on_a_busy_machine_comes_at_its_time(
+        server: ToolServer, cpu_to_spare: list[bool], case: str) -> None:
+    cpu_to_spare[0] = case == "cpu-to-spare"
+    op = _submit(server, 0.1)
+    time.sleep(0.3)
+    ids = _claim_now(op, owner="batch-busy-not-first")
+    interval = 60_000 if case == "interval-past-half-a-lease" else 700
+    Operation.objects.filter(id=op.id).update(
+        poll_interval_ms=interval, polls_count=1 if case == "answered-working-before" else 0)
+    with override_settings(TOOLOPS_POLL_DEFER_FIRST_WHEN_BUSY=case != "setting-off",
+                           TOOLOPS_LEASE_SECONDS=30.0):
+        assert operations_poll_batch(
+            operation_ids=ids, lease_owner="batch-busy-not-first",
+            not_before={op.id: timezone.now() - timedelta(seconds=0.1)}) == {"accepted": 1}
 
 
 @pytest.mark.usefixtures("cpu_to_spare")
