@@ -11,7 +11,9 @@ client per server.
 
 Claimed ahead: the dispatcher may claim a free row shortly before it is due and say when it is
 due (`not_before`); such a row goes to the holder with the batch's read of it and is polled at
-that time, with no renewal (its claim's lease is fresh and full).
+that time, with no renewal (its claim's lease is fresh and full). While the fleet is behind, the
+dispatcher sends every row's due time, and on a machine with no CPU to spare a row's first poll
+waits in the holder the same way until one interval after it (`_first_polls_deferred`).
 
 Holding: a working row whose next poll is due within TOOLOPS_POLL_HOLD_SECONDS keeps its lease
 (written by the poll's own guarded UPDATE, with its `next_poll_at` as usual: the ledger stays the
