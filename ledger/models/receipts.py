@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from ledger.models.operations import Operation
+from ledger.models.operations import NOT_NEGATIVE, Operation, not_negative
 from ledger.states import TerminalStatus
 
 
@@ -16,12 +16,12 @@ class TerminalReceipt(models.Model):
     # Call node ids are the caller's names, unique only within one tenant.
     tenant = models.CharField(max_length=100, blank=True, default="")
     call_node_id = models.CharField(max_length=200)
-    execution_epoch = models.PositiveIntegerField()
+    execution_epoch = models.IntegerField(validators=[NOT_NEGATIVE])
     terminal_status = models.CharField(max_length=16, choices=TerminalStatus.choices)
     request_digest = models.CharField(max_length=80)
     remote_id = models.CharField(max_length=300, blank=True)
     descriptor_version = models.CharField(max_length=80)
-    cancel_generation = models.PositiveIntegerField()
+    cancel_generation = models.IntegerField(validators=[NOT_NEGATIVE])
     result_digest = models.CharField(max_length=80, blank=True)
     # The success or error payload; never set for `cancelled` (a late result is audit-only).
     payload = models.JSONField(null=True, blank=True)
@@ -37,6 +37,8 @@ class TerminalReceipt(models.Model):
             # A receipt says how a call ended: never a status the server reports while working.
             models.CheckConstraint(condition=Q(terminal_status__in=TerminalStatus.values),
                                    name="receipt_status_terminal"),
+            models.CheckConstraint(condition=not_negative("execution_epoch", "cancel_generation"),
+                                   name="receipt_counters_not_negative"),
         ]
 
     def __str__(self) -> str:
