@@ -56,6 +56,13 @@ TOOLOPS_DISPATCH_FOLLOW_DUE_SECONDS = env_float("TOOLOPS_DISPATCH_FOLLOW_DUE_SEC
 # one claim transaction and one batch message. It bounds the dispatcher's commits (at most one
 # per gap) and adds at most this much to a row's first poll.
 TOOLOPS_DISPATCH_MIN_GAP_SECONDS = env_float("TOOLOPS_DISPATCH_MIN_GAP_SECONDS", 0.02)
+# The same gap after a pass that found the fleet behind (poll messages waiting, or the machine
+# saturated). Then a row's first poll waits an interval anyway (TOOLOPS_POLL_DEFER_FIRST_WHEN_BUSY)
+# and every claim, message and task is CPU taken from the calls: rows share claims five times
+# longer. Toolops-only bursts of 5,000, four pairs against 0.02: 3.32 to 3.36 transactions per call
+# against 3.63 to 3.68, worker CPU 2.16 to 2.50 ms per call against 2.46 to 2.66, 242 to 283
+# calls/s against 252 to 278 (higher in three pairs of four), p50 unchanged (1.03 s).
+TOOLOPS_DISPATCH_BUSY_GAP_SECONDS = env_float("TOOLOPS_DISPATCH_BUSY_GAP_SECONDS", 0.1)
 # How far ahead the dispatcher claims free rows (toolops.services.dispatch): a row falling due
 # within this time of a pass is claimed with it and held by its worker until its time, so rows
 # due close together share one claim and one message, and none is polled late or early. One

@@ -9,8 +9,9 @@ a row in a polled state always has a next poll time or a lease (the CHECK constr
 answer, an operator, acceptance) are ever written with `schedule_cleared`.
 
 The builders return plain field dicts and write nothing themselves: the write stays the caller's
-compare-and-set UPDATE, with its row count checked, in the caller's transaction. What time a row
-should be polled next (interval, jitter, backoff, expiry) is decided above, in
+compare-and-set UPDATE, with its row count checked, in the caller's transaction. The one write
+here is `operations_poll_sooner`, a pushed status's hint, which changes nothing but the schedule.
+What time a row should be polled next (interval, jitter, backoff, expiry) is decided above, in
 `toolops.scheduling`; this module only spells the write.
 """
 
@@ -19,11 +20,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.db.models import Q
 from django.db.models.expressions import Combinable
 from django.utils import timezone
 
-__all__ = ["RELEASE", "lease_extended", "schedule_at", "schedule_cleared", "schedule_leased",
-           "schedule_now"]
+from ledger.models import Operation
+from ledger.states import POLLABLE
+
+__all__ = ["RELEASE", "lease_extended", "operations_poll_sooner", "schedule_at",
+           "schedule_cleared", "schedule_leased", "schedule_now"]
 
 # Fields that end a lease; part of every write that hands the row back to the dispatcher.
 RELEASE: dict[str, Any] = {"lease_owner": "", "lease_expires_at": None}
@@ -73,3 +78,22 @@ def lease_extended(*, until: datetime) -> dict[str, Any]:
     is never revived.
     """
     return {"lease_expires_at": until}
+
+
+def operations_poll_sooner(*, server_id: int, remote_ids: list[str]) -> int:
+    """A pushed status (`notifications/tasks/status`) makes its rows due now; nothing else.
+
+    The push is a hint, never a fact: no state or server status is written from it, only the
+    schedule, and the poll it triggers still takes a QPS token and goes through the same guards.
+    Leased rows are left alone (their poll is in flight), and so is INPUT_REQUIRED (it resumes
+    when its input is answered, not when the server talks).
+    """
+    if not remote_ids:
+        return 0
+    now = timezone.now()
+    return (
+        Operation.objects.filter(server_id=server_id, remote_id__in=remote_ids,
+                                 state__in=POLLABLE, next_poll_at__gt=now)
+        .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
+        .update(**schedule_at(at=now, release=False))
+    )

@@ -29,6 +29,7 @@ from adapters import TaskAdapter, TransientError, adapter_for
 from adapters.base import RequestGate
 from adapters.registry import Bounds
 from ledger.models import ToolServer
+from ledger.services.schedule import operations_poll_sooner
 from toolops.metrics import qps_token_denied_inc
 from toolops.qps import (
     door_bucket_key,
@@ -271,8 +272,6 @@ def server_call(*, server: ToolServer, purpose: str, fn: Callable[[TaskAdapter],
 
 def _pushed_status_poll_sooner(*, server: ToolServer, adapter: TaskAdapter) -> None:
     """Status notifications the server pushed on a stream we had open: poll those tasks sooner."""
-    from toolops.services.dispatch import operations_poll_sooner
-
     queue = getattr(adapter, "notifications", None)
     if not queue:
         return

@@ -24,7 +24,7 @@ from django.utils import timezone
 from ledger.flush import flush_deferrable, transaction_flush_deferred
 from ledger.models import Operation, OperationDue
 from ledger.models.due import CLAIM_OWNER_SETTING
-from ledger.services.schedule import schedule_at, schedule_leased
+from ledger.services.schedule import schedule_leased
 from ledger.services.statistics import ledger_statistics_refresh_grown
 from ledger.statements import statement_spelled
 from ledger.states import POLLABLE, State
@@ -284,6 +284,8 @@ class DispatchPass:
     # own); None when nothing is scheduled or the pass did not reach the database.
     next_due_at: datetime | None = None
     read_next_due: bool = False
+    # The fleet was behind (poll messages waiting, or the machine saturated).
+    behind: bool = False
 
 
 # What a batch's enqueue callback gets: the rows, their lease owner, and the rows claimed before
@@ -336,7 +338,8 @@ def operations_dispatch_due_batches(
             transaction.on_commit(partial(enqueue_batch, [op_id for op_id, _due in part], owner,
                                           early))
         next_due = operations_next_due_at()
-    return DispatchPass(claimed=len(rows), next_due_at=next_due, read_next_due=True)
+    return DispatchPass(claimed=len(rows), next_due_at=next_due, read_next_due=True,
+                        behind=behind)
 
 
 # After a pass that claimed nothing although a row was due (the poll queue is full), wait at
@@ -349,13 +352,15 @@ def operations_dispatch_following_due(*, seconds: float,
     """Run `dispatch_once` now and then again whenever the next row becomes claimable, for
     `seconds` (one dispatcher tick). A row due between two ticks is claimed at its time instead
     of waiting up to a whole tick. Passes are at least TOOLOPS_DISPATCH_MIN_GAP_SECONDS apart,
-    so rows falling due close together share one claim (one commit) and one batch."""
+    so rows falling due close together share one claim (one commit) and one batch; after a pass
+    that found the fleet behind, TOOLOPS_DISPATCH_BUSY_GAP_SECONDS."""
     end = time.monotonic() + seconds
-    gap = float(settings.TOOLOPS_DISPATCH_MIN_GAP_SECONDS)
     total = 0
     while True:
         started = time.monotonic()
         done = dispatch_once()
+        gap = float(settings.TOOLOPS_DISPATCH_BUSY_GAP_SECONDS if done.behind
+                    else settings.TOOLOPS_DISPATCH_MIN_GAP_SECONDS)
         total += done.claimed
         left = end - time.monotonic()
         if left <= 0:
@@ -371,25 +376,6 @@ def operations_dispatch_following_due(*, seconds: float,
         if wait >= left:
             return total  # nothing due before the tick ends: the next tick's first pass takes it
         time.sleep(max(wait, 0.0))
-
-
-def operations_poll_sooner(*, server_id: int, remote_ids: list[str]) -> int:
-    """A pushed status (`notifications/tasks/status`) makes its rows due now; nothing else.
-
-    The push is a hint, never a fact: no state or server status is written from it, only the
-    schedule, and the poll it triggers still takes a QPS token and goes through the same guards.
-    Leased rows are left alone (their poll is in flight), and so is INPUT_REQUIRED (it resumes
-    when its input is answered, not when the server talks).
-    """
-    if not remote_ids:
-        return 0
-    now = timezone.now()
-    return (
-        Operation.objects.filter(server_id=server_id, remote_id__in=remote_ids,
-                                 state__in=POLLABLE, next_poll_at__gt=now)
-        .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
-        .update(**schedule_at(at=now, release=False))
-    )
 
 
 def operations_next_due_at(*, server_ids: Collection[int] | None = None) -> datetime | None:

@@ -3,6 +3,7 @@ real PostgreSQL transactions, real threads and the reference SDK server."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
@@ -24,6 +25,7 @@ from tests.peers.fault_transport import FaultTransport
 from toolops.services import observe, poll_batch
 from toolops.services.connections import connections_use_transport
 from toolops.services.dispatch import (
+    DispatchPass,
     operations_claim_due,
     operations_dispatch_due_batches,
     operations_dispatch_following_due,
@@ -223,6 +225,24 @@ def test_the_dispatcher_claims_a_row_when_it_falls_due_within_its_tick() -> None
     assert time.monotonic() - started < 1.5
 
 
+@pytest.mark.parametrize("behind", [False, True])
+def test_after_a_pass_that_found_the_fleet_behind_the_next_one_waits_longer(behind: bool) -> None:
+    passes: list[float] = []
+
+    def once() -> DispatchPass:
+        passes.append(time.monotonic())
+        # A row due at once after every pass: only the gap spaces the passes.
+        return DispatchPass(claimed=1, next_due_at=timezone.now(), read_next_due=True,
+                            behind=behind)
+
+    with override_settings(TOOLOPS_DISPATCH_MIN_GAP_SECONDS=0.02,
+                           TOOLOPS_DISPATCH_BUSY_GAP_SECONDS=0.25):
+        operations_dispatch_following_due(seconds=0.9, dispatch_once=once)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(passes)]
+    assert gaps and min(gaps) >= (0.245 if behind else 0.0195)
+    assert (len(passes) <= 4) if behind else (len(passes) >= 10)
+
+
 @pytest.fixture
 def cpu_to_spare(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """The machine's spare CPU as the dispatcher and the worker see it, set by the test (yes by
@@ -250,7 +270,7 @@ def test_a_pass_claims_the_free_rows_due_within_its_horizon_and_says_when_each_i
     done = operations_dispatch_due_batches(
         enqueue_batch=lambda ids, owner, early: sent.append((ids, owner, early)),
         batch_size=16, ahead_seconds=1.0)
-    assert done.claimed == 2 and len(sent) == 1
+    assert done.claimed == 2 and len(sent) == 1 and not done.behind
     ids, owner, early = sent[0]
     assert ids == [due.id, soon.id]  # in the order they fall due
     assert early == {soon.id: soon.next_poll_at}  # the row due already is not held
@@ -283,7 +303,7 @@ def test_a_fleet_that_is_behind_claims_only_what_is_due(behind: str, cpu_to_spar
             enqueue_batch=lambda ids, _owner, early: sent.append((ids, early)), room=room,
             ahead_seconds=1.0)
     # Behind, each row goes with the time it fell due: its worker may put a first poll off.
-    assert done.claimed == 1 and sent == [([due.id], {due.id: due.next_poll_at})]
+    assert done.claimed == 1 and done.behind and sent == [([due.id], {due.id: due.next_poll_at})]
     assert Operation.objects.get(id=soon.id).lease_owner == ""
 
 
