@@ -183,3 +183,24 @@ def test_the_migration_gives_each_open_row_of_an_installed_ledger_its_entry() ->
     assert dict(OperationDue.objects.values_list("operation_id", "due_at")) == {
         working: now, leased: now + timedelta(seconds=30)}
     assert _actual() == _expected()
+
+
+def test_a_sqlite_table_rebuilt_by_a_migration_keeps_the_triggers_both_ways(tmp_path) -> None:
+    # SQLite rebuilds a table to change a column's CHECK constraint, which drops its triggers:
+    # 0019_counters_one_check_per_table puts them back after its rebuild, applied or unapplied.
+    import os
+    import sqlite3
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    db = tmp_path / "rebuilt.sqlite3"
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{db}", "DJANGO_SETTINGS_MODULE": "config.settings"}
+    wanted = {"ledger_operation_due_on_insert", "ledger_operation_due_on_update"}
+    for target in ([], ["ledger", "0018"], []):
+        subprocess.run([sys.executable, "manage.py", "migrate", "-v0", *target], cwd=root, env=env,
+                       check=True, timeout=240)
+        with sqlite3.connect(db) as con:
+            names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
+        assert wanted <= names, target
