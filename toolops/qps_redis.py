@@ -45,7 +45,7 @@ from toolops.qps import (
 # The report of prefetched grants a take carries (ARGV[10]): "purpose count" pairs, separated by
 # spaces, for grants sent; the pseudo-purpose below for grants that passed their deadline unused.
 _UNUSED = "~unused"
-_REPORT_LUA = """
+_EPOCH_LUA = """
 -- An epoch time as text to the microsecond, Redis TIME's resolution. tostring keeps 14
 -- significant digits, a tenth of a millisecond at today's epoch: the rounding of each stored
 -- refill time, added up over the takes of a few seconds at 2,700 grants a second, let a fleet
@@ -53,6 +53,8 @@ _REPORT_LUA = """
 local function epoch(x)
   return string.format('%.6f', x)
 end
+"""
+_REPORT_LUA = _EPOCH_LUA + """
 local function report(stats, text)
   local name = nil
   for word in string.gmatch(text, '%S+') do
@@ -176,10 +178,10 @@ return 1
 """
 
 
-_SPEND_SCRIPT = """
+_SPEND_SCRIPT = _EPOCH_LUA + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-redis.call('HSET', KEYS[1], 'tokens', '0', 'ts', string.format('%.6f', now))
+redis.call('HSET', KEYS[1], 'tokens', '0', 'ts', epoch(now))
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
 return 1
 """

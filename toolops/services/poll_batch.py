@@ -273,7 +273,9 @@ def operations_poll_batch(*, operation_ids: list[uuid.UUID], lease_owner: str,
     loaded = operations_load_for_poll(operation_ids=operation_ids)
     # A row the read missed is polled now: its poll reads it and judges it like any other.
     early = {op_id: at for op_id, at in ahead.items() if op_id in loaded}
-    deferred = _first_polls_deferred(due=due, loaded=loaded, now=now) if busy else {}
+    deferred = _first_polls_deferred(
+        due={op_id: at for op_id, at in due.items() if op_id not in ahead},
+        loaded=loaded, now=now) if busy else {}
     later = {**early, **deferred}
     holder.add_claimed(rows=[(op_id, at, loaded[op_id]) for op_id, at in later.items()],
                        owner=lease_owner)
@@ -288,8 +290,9 @@ def operations_poll_batch(*, operation_ids: list[uuid.UUID], lease_owner: str,
 
 def _first_polls_deferred(*, due: Mapping[uuid.UUID, datetime], loaded: Mapping[uuid.UUID, Operation],
                           now: datetime) -> dict[uuid.UUID, datetime]:
-    """The rows due already whose poll would be their first answer since the submit's reply,
-    each with its due time plus one interval: the time the poll after it would have come.
+    """Of the rows due already (`due`), those whose poll would be their first answer since the
+    submit's reply, each with its due time plus one interval: the time the poll after it would
+    have come.
 
     On a saturated machine every poll costs another call's CPU, and the first poll of a row is
     the one most often answered "working" (a task rarely ends within one suggested interval), so
@@ -303,7 +306,7 @@ def _first_polls_deferred(*, due: Mapping[uuid.UUID, datetime], loaded: Mapping[
     for op_id, at in due.items():
         row = loaded.get(op_id)
         if (row is None or row.state != State.WORKING or row.polls_count or row.poll_attempts > 1
-                or not row.poll_interval_ms or at - now > HOLD_AHEAD_MIN):
+                or not row.poll_interval_ms):
             continue
         until = at + timedelta(milliseconds=row.poll_interval_ms)
         if (HOLD_AHEAD_MIN < until - now <= cap
