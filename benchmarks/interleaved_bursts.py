@@ -1,0 +1,101 @@
+"""Bursts of naive Celery and of this project, alternating, for ratios that outlast the machine's drift.
+
+On a shared 2-core machine the CPU speed drifts from one minute to the next by more than the
+difference between the two systems, so the ratio of one `bench.sh` run depends on the minute each
+system ran in. This runs the perf harness's own baselines (`baseline_celery.py`,
+`baseline_toolops.py`, unchanged) in rounds, flipping their order every round so a slow minute
+falls on both sides, against one fast MCP server it starts and stops. Each round prints the
+calls/s ratio and the box CPU per call ratio; `norm` divides each system's box CPU per call by the
+server's CPU per call in the same run (the server does the same work per call for both, so it
+tracks the machine's speed in that minute).
+
+    PERF_ENV=/tmp/perf-env TOOLOPS_SERVER_HOSTS=public,127.0.0.0/8 \\
+        python benchmarks/interleaved_bursts.py --n 2000 --rounds 4
+
+Needs the harness set up (`../shared/perf/setup.sh`) and nothing else on port 8765.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# The harness's fast server: 1 s tasks, pollInterval 500 ms (its README's workload).
+SERVER_ENV = {"FAST_TASK_SECONDS": "1", "FAST_POLL_MS": "500"}
+SERVER_PORT = 8765
+
+
+def _run(cmd: list[str], *, cwd: Path, log: Path) -> None:
+    with log.open("w") as out:
+        subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=True)
+
+
+def _server_up(url: str, timeout_s: float = 20.0) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            with urllib.request.urlopen(url, timeout=1.0):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"the fast server did not answer at {url}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--harness", default=str(ROOT.parent / "shared" / "perf"))
+    ap.add_argument("--perf-env", default=os.environ.get("PERF_ENV", "/tmp/perf-env"))
+    ap.add_argument("--submitters", type=int, default=2)
+    args = ap.parse_args()
+
+    harness = Path(args.harness)
+    python = str(Path(args.perf_env) / "venv" / "bin" / "python")
+    env = {**os.environ, **SERVER_ENV, "PERF_ENV": args.perf_env}
+    out = Path(tempfile.mkdtemp(prefix="interleaved-"))
+    server = subprocess.Popen([python, "fastserver.py", "--port", str(SERVER_PORT)], cwd=harness, env=env,
+                              stdout=(out / "server.log").open("w"), stderr=subprocess.STDOUT)
+    common = ["--n", str(args.n), "--rate", "0", "--concurrency", "4", "--pool", "prefork"]
+    runs = {
+        "celery": ["baseline_celery.py", *common],
+        "toolops": ["baseline_toolops.py", *common, "--project", str(ROOT),
+                    "--submitters", str(args.submitters)],
+    }
+    ratios, norms = [], []
+    try:
+        _server_up(f"http://127.0.0.1:{SERVER_PORT}/stats")
+        for k in range(1, args.rounds + 1):
+            order = ["celery", "toolops"] if k % 2 else ["toolops", "celery"]
+            for name in order:
+                _run([python, *runs[name], "--out", str(out / f"{name}-{k}.json")], cwd=harness,
+                     log=out / f"{name}-{k}.log")
+            c = json.loads((out / f"celery-{k}.json").read_text())
+            t = json.loads((out / f"toolops-{k}.json").read_text())
+            ratio = t["calls_per_s"] / c["calls_per_s"]
+            norm = ((t["box_cpu_ms_per_call"] / t["server_cpu_ms_per_call"])
+                    / (c["box_cpu_ms_per_call"] / c["server_cpu_ms_per_call"]))
+            ratios.append(ratio)
+            norms.append(norm)
+            box_t, box_c = t["box_cpu_ms_per_call"], c["box_cpu_ms_per_call"]
+            print(f"round {k} N={args.n}: calls/s toolops {t['calls_per_s']} celery {c['calls_per_s']} "
+                  f"ratio x{ratio:.3f}; box CPU/call {box_t} / {box_c} x{box_t / box_c:.3f}; server CPU/call "
+                  f"{t['server_cpu_ms_per_call']} / {c['server_cpu_ms_per_call']}; norm x{norm:.3f}",
+                  flush=True)
+        print(f"median calls/s ratio x{statistics.median(ratios):.3f}, "
+              f"median norm x{statistics.median(norms):.3f} ({args.rounds} rounds; results in {out})")
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    main()
