@@ -33,9 +33,9 @@ SERVER_ENV = {"FAST_TASK_SECONDS": "1", "FAST_POLL_MS": "500"}
 SERVER_PORT = 8765
 
 
-def _run(cmd: list[str], *, cwd: Path, log: Path) -> None:
+def _run(cmd: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> None:
     with log.open("w") as out:
-        subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=True)
+        subprocess.run(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, check=True)
 
 
 def _server_up(url: str, timeout_s: float = 20.0) -> None:
@@ -62,8 +62,9 @@ def main() -> None:
     python = str(Path(args.perf_env) / "venv" / "bin" / "python")
     env = {**os.environ, **SERVER_ENV, "PERF_ENV": args.perf_env}
     out = Path(tempfile.mkdtemp(prefix="interleaved-"))
+    server_log = (out / "server.log").open("w")
     server = subprocess.Popen([python, "fastserver.py", "--port", str(SERVER_PORT)], cwd=harness, env=env,
-                              stdout=(out / "server.log").open("w"), stderr=subprocess.STDOUT)
+                              stdout=server_log, stderr=subprocess.STDOUT)
     common = ["--n", str(args.n), "--rate", "0", "--concurrency", "4", "--pool", "prefork"]
     runs = {
         "celery": ["baseline_celery.py", *common],
@@ -76,8 +77,9 @@ def main() -> None:
         for k in range(1, args.rounds + 1):
             order = ["celery", "toolops"] if k % 2 else ["toolops", "celery"]
             for name in order:
+                # The baselines read PERF_ENV too (their logs, the submitters' files).
                 _run([python, *runs[name], "--out", str(out / f"{name}-{k}.json")], cwd=harness,
-                     log=out / f"{name}-{k}.log")
+                     env=env, log=out / f"{name}-{k}.log")
             c = json.loads((out / f"celery-{k}.json").read_text())
             t = json.loads((out / f"toolops-{k}.json").read_text())
             ratio = t["calls_per_s"] / c["calls_per_s"]
@@ -95,6 +97,7 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(timeout=10)
+        server_log.close()
 
 
 if __name__ == "__main__":

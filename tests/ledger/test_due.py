@@ -4,7 +4,12 @@ poll time and its lease's end, through inserts, every kind of update and deletes
 
 from __future__ import annotations
 
+import os
+import sqlite3
+import subprocess
+import sys
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 from django.db import transaction
@@ -185,15 +190,9 @@ def test_the_migration_gives_each_open_row_of_an_installed_ledger_its_entry() ->
     assert _actual() == _expected()
 
 
-def test_a_sqlite_table_rebuilt_by_a_migration_keeps_the_triggers_both_ways(tmp_path) -> None:
+def test_a_sqlite_table_rebuilt_by_a_migration_keeps_the_triggers_both_ways(tmp_path: Path) -> None:
     # SQLite rebuilds a table to change a column's CHECK constraint, which drops its triggers:
     # 0019_counters_one_check_per_table puts them back after its rebuild, applied or unapplied.
-    import os
-    import sqlite3
-    import subprocess
-    import sys
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[2]
     db = tmp_path / "rebuilt.sqlite3"
     env = {**os.environ, "DATABASE_URL": f"sqlite:///{db}", "DJANGO_SETTINGS_MODULE": "config.settings"}
