@@ -82,12 +82,11 @@ def main() -> None:
                      env=env, log=out / f"{name}-{k}.log")
             c = json.loads((out / f"celery-{k}.json").read_text())
             t = json.loads((out / f"toolops-{k}.json").read_text())
+            box_t, box_c = t["box_cpu_ms_per_call"], c["box_cpu_ms_per_call"]
             ratio = t["calls_per_s"] / c["calls_per_s"]
-            norm = ((t["box_cpu_ms_per_call"] / t["server_cpu_ms_per_call"])
-                    / (c["box_cpu_ms_per_call"] / c["server_cpu_ms_per_call"]))
+            norm = (box_t / t["server_cpu_ms_per_call"]) / (box_c / c["server_cpu_ms_per_call"])
             ratios.append(ratio)
             norms.append(norm)
-            box_t, box_c = t["box_cpu_ms_per_call"], c["box_cpu_ms_per_call"]
             print(f"round {k} N={args.n}: calls/s toolops {t['calls_per_s']} celery {c['calls_per_s']} "
                   f"ratio x{ratio:.3f}; box CPU/call {box_t} / {box_c} x{box_t / box_c:.3f}; server CPU/call "
                   f"{t['server_cpu_ms_per_call']} / {c['server_cpu_ms_per_call']}; norm x{norm:.3f}",

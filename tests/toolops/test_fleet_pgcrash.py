@@ -43,6 +43,9 @@ CALLS = 20
 CRASH_ATTEMPTS = 3
 SERVER = "pgcrash"
 DB = "toolops_pgcrash"
+# Each of the three writes that do not wait for their flush counts here: a working poll adds to
+# polls_count, and a claim or a held lease's renewal to poll_attempts.
+COUNTED = "SELECT coalesce(sum(polls_count + poll_attempts), 0) FROM ledger_operation"
 SUBMITTER = """
 import json
 from toolops.services.submit import operation_submit
@@ -151,17 +154,16 @@ def _settled(cluster: Cluster, keys: list[str]) -> bool:
     return all(states.get(k) in ("ACCEPTED", "RECONCILIATION_REQUIRED") for k in keys)
 
 
-def _crash_mid_poll(cluster: Cluster, procs: list[subprocess.Popen[bytes]], *, counted: str,
-                    calls: int) -> int:
+def _crash_mid_poll(cluster: Cluster, procs: list[subprocess.Popen[bytes]]) -> int:
     """Crash the database at a moment when the WAL holds records not yet flushed and start it
-    again; return how many counted writes (`counted`) it did not keep.
+    again; return how many counted writes (COUNTED) it did not keep.
 
     The WAL past the flush point may hold no lost commit at all: a read that prunes a page
     writes WAL too, and a commit that waits (an acceptance, a submit) flushes every commit
     before it. So a crash may lose nothing, and the caller crashes again."""
-    start = int(cluster.query(counted)[0][0])
+    start = int(cluster.query(COUNTED)[0][0])
     # Let the fleet poll (working answers: the writes that do not wait for their flush).
-    _wait_for(lambda: int(cluster.query(counted)[0][0]) >= start + calls, 60, "a round of working polls")
+    _wait_for(lambda: int(cluster.query(COUNTED)[0][0]) >= start + CALLS, 60, "a round of working polls")
     # The fleet is frozen while it is read and the database crashes, so nothing commits in
     # between; it is frozen at a moment when the WAL holds records not yet flushed (the WAL
     # writer, at its slowest here, flushes only full pages until its timer comes).
@@ -179,7 +181,7 @@ def _crash_mid_poll(cluster: Cluster, procs: list[subprocess.Popen[bytes]], *, c
             break
         _signal_all(procs, signal.SIGCONT)
         time.sleep(0.05)
-    seen = int(cluster.query(counted)[0][0])
+    seen = int(cluster.query(COUNTED)[0][0])
     cluster.crash()
     _signal_all(procs, signal.SIGCONT)
     time.sleep(2.0)  # the fleet meets a database that is gone
@@ -187,7 +189,7 @@ def _crash_mid_poll(cluster: Cluster, procs: list[subprocess.Popen[bytes]], *, c
     # first writes after the restart are not counted as kept.
     _signal_all(procs, signal.SIGSTOP)
     cluster.start()
-    lost = seen - int(cluster.query(counted)[0][0])
+    lost = seen - int(cluster.query(COUNTED)[0][0])
     _signal_all(procs, signal.SIGCONT)
     return lost
 
@@ -208,7 +210,6 @@ def test_a_database_crash_loses_no_call_and_duplicates_nothing(
     procs = [_start(["beat", "-s", str(tmp_path / "beat-schedule"), "-l", "info"], env,
                     tmp_path / "beat.log"),
              _start(worker, env, tmp_path / "worker.log")]
-    lost_polls = None
     attempts: list[int] = []
     try:
         submitted = subprocess.run(
@@ -220,13 +221,9 @@ def test_a_database_crash_loses_no_call_and_duplicates_nothing(
         assert [line["key"] for line in lines] == keys
         assert all(line["state"] == "WORKING" for line in lines), lines
 
-        # Each of the three writes that do not wait counts here: a working poll adds to
-        # polls_count, and a claim or a held lease's renewal to poll_attempts.
-        counted = "SELECT coalesce(sum(polls_count + poll_attempts), 0) FROM ledger_operation"
         for _attempt in range(CRASH_ATTEMPTS):
-            lost_polls = _crash_mid_poll(cluster, procs, counted=counted, calls=CALLS)
-            attempts.append(lost_polls)
-            if lost_polls > 0:
+            attempts.append(_crash_mid_poll(cluster, procs))
+            if attempts[-1] > 0:
                 break
         _wait_for(lambda: _settled(cluster, keys), 180, "every call to settle after the crash")
     finally:
@@ -239,6 +236,7 @@ def test_a_database_crash_loses_no_call_and_duplicates_nothing(
     sys.stderr.write(f"polls and claims recorded before a crash and not after it: {attempts}\n")
     # The crash took committed writes with it (those that did not wait for their flush): this
     # is the case the test is about, not a crash after which nothing was missing.
+    lost_polls = attempts[-1] if attempts else None
     assert lost_polls is not None and lost_polls > 0, lost_polls
 
     states = dict(cluster.query("SELECT submission_key, state FROM ledger_operation"))
