@@ -25,7 +25,8 @@ from adapters.errors import (
     TaskNotSupportedError,
     TransientError,
 )
-from adapters.mcp_tasks_2025 import McpTasks2025Adapter, close_input_streams
+from adapters.mcp_tasks_2025 import McpTasks2025Adapter
+from adapters.mcp_tasks_2025_inputs import close_input_streams
 from adapters.mcp_tasks_ext_2026 import McpTasksExt2026Adapter
 from adapters.registry import ADAPTER_VERSIONS, adapter_for
 

@@ -49,7 +49,7 @@ from adapters.errors import (
     TaskNotSupportedError,
     TransientError,
 )
-from adapters.jsonrpc import parse_retry_after
+from adapters.jsonrpc_frames import parse_retry_after
 
 VERSION = "aip-151/v1"
 CANCELLED = 1  # google.rpc.Code.CANCELLED

@@ -10,25 +10,17 @@ to the caller unclassified: what a code means depends on the method (section 5.3
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import dataclasses
-import email.utils
 import json
-import queue
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-import pydantic
 from httpx._exceptions import request_context
-from mcp_types import jsonrpc as rpc
 
 from adapters import decode, limits
 from adapters.base import RequestGate
@@ -40,13 +32,16 @@ from adapters.errors import (
     SessionLostError,
     TransientError,
 )
+from adapters.jsonrpc_frames import (
+    Message,
+    RpcReply,
+    SseParser,
+    message_kind,
+    parse_retry_after,
+)
 
 ACCEPT = "application/json, text/event-stream"
 SESSION_HEADER = "Mcp-Session-Id"
-# How long an input stream may sit silent before we give it up. Long on purpose: a live
-# tasks/result stream is the only channel a Shape A server delivers follow-up input on,
-# and a task may work for a long time between two input rounds.
-STREAM_IDLE_TIMEOUT_S = 3600.0
 # A client posts to its endpoint and, rarely, to a URL the server named; more than this many
 # distinct URLs is not a pattern worth keeping them for, so the rest are parsed each time.
 _PARSED_URLS_KEPT = 16
@@ -54,114 +49,10 @@ _PARSED_URLS_KEPT = 16
 # later (TransientError). Any other request may have acted: LostResponseError.
 READ_ONLY_METHODS = frozenset({"tasks/get", "tasks/result", "tasks/list", "tools/list", "server/discover"})
 
-Message = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class RpcReply:
-    """The response to one request, with its JSON-RPC error left for the caller to classify."""
-
-    method: str
-    message: Message  # the response envelope verbatim
-    result: dict[str, Any] | None
-    error: dict[str, Any] | None  # {"code", "message", "data"?}
-    http_status: int
-    session_id: str | None  # Mcp-Session-Id header of the HTTP reply
-    others: tuple[Message, ...]  # server requests / notifications seen before the response
-
 
 def _deadline_passed(at: float | None) -> bool:
     # This module's clock: the simulation replaces this module's `time` with a virtual one.
     return at is not None and time.monotonic() >= at
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Retry-After as seconds (delta-seconds or HTTP-date); None when absent or unreadable."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value.strip()))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
-
-
-def validation_detail(exc: pydantic.ValidationError) -> dict[str, Any]:
-    """Where and why a body failed its schema; never the offending values themselves."""
-    return {"errors": [{"loc": list(e["loc"]), "type": e["type"]} for e in exc.errors()[:5]]}
-
-
-def message_kind(message: Any) -> str:
-    """'request' | 'notification' | 'response' | 'error', validated with mcp-types' envelopes."""
-    if not isinstance(message, dict):
-        raise ProtocolViolationError(
-            "JSON-RPC message is not an object", detail={"type": type(message).__name__}
-        )
-    model: type[pydantic.BaseModel]
-    if "method" in message:
-        kind, model = (
-            ("request", rpc.JSONRPCRequest) if "id" in message else ("notification", rpc.JSONRPCNotification)
-        )
-    elif "error" in message:
-        kind, model = "error", rpc.JSONRPCError
-    elif "result" in message:
-        kind, model = "response", rpc.JSONRPCResponse
-    else:
-        raise ProtocolViolationError("JSON-RPC message has no method, result or error")
-    try:
-        model.model_validate(message)
-    except pydantic.ValidationError as exc:
-        raise ProtocolViolationError(f"invalid JSON-RPC {kind}", detail=validation_detail(exc)) from exc
-    return kind
-
-
-class SseParser:
-    """Incremental text/event-stream parser (WHATWG rules, the subset MCP uses).
-
-    Comment lines (':' keep-alives) and fields other than event/data are ignored; an
-    event is dispatched on a blank line, so a stream cut mid-event yields nothing for it.
-    """
-
-    def __init__(self) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
-        self._buffer = ""
-        self._scanned = 0  # buffer prefix known to hold no line break
-        self._event = ""
-        self._data: list[str] = []
-
-    def feed(self, chunk: bytes) -> list[tuple[str, str]]:
-        try:
-            self._buffer += self._decoder.decode(chunk)
-        except UnicodeDecodeError as exc:
-            raise ProtocolViolationError("SSE stream is not UTF-8") from exc
-        events: list[tuple[str, str]] = []
-        while True:
-            found = (self._buffer.find("\r", self._scanned), self._buffer.find("\n", self._scanned))
-            cut = min((i for i in found if i >= 0), default=-1)
-            if cut < 0 or (self._buffer[cut] == "\r" and cut == len(self._buffer) - 1):
-                # No complete line yet (a trailing \r may be half of \r\n): remember how far we looked.
-                self._scanned = len(self._buffer) if cut < 0 else cut
-                return events
-            line = self._buffer[:cut]
-            skip = 2 if self._buffer.startswith("\r\n", cut) else 1
-            self._buffer, self._scanned = self._buffer[cut + skip :], 0
-            if line == "":
-                if self._data:
-                    events.append((self._event or "message", "\n".join(self._data)))
-                self._event, self._data = "", []
-            elif not line.startswith(":"):
-                name, _, value = line.partition(":")
-                value = value[1:] if value.startswith(" ") else value
-                if name == "event":
-                    self._event = value
-                elif name == "data":
-                    self._data.append(value)
 
 
 def _decode_json(text: str | bytes, *, what: str) -> Any:
@@ -518,96 +409,3 @@ class JsonRpcClient:
             session_id=response.headers.get(SESSION_HEADER),
             others=(),
         )
-
-
-@dataclass(frozen=True)
-class StreamEnd:
-    """Last item of a MessageStream: the response, or why there is none."""
-
-    reply: RpcReply | None
-    error: AdapterError | None
-
-
-class MessageStream:
-    """A request whose SSE reply is read on a background thread into a queue.
-
-    Used for tasks/result while a task waits for input: the caller can wait with its own
-    deadline (httpx timeouts are per read and cannot bound a whole stream) and can leave
-    the stream open between calls. The stream owns `client` and closes it when it ends.
-    """
-
-    def __init__(self, *, client: JsonRpcClient, method: str, params: dict[str, Any]) -> None:
-        self.request_id = client.new_id()
-        self._client = client
-        self._method = method
-        self._params = params
-        self._queue: queue.Queue[Message | StreamEnd] = queue.Queue()
-        self._socket: socket.socket | None = None
-        self._closed = threading.Event()
-        self.finished = False  # the consumer has taken the StreamEnd item
-        self.opened_at = time.monotonic()  # before the request goes out: see ServerRequest
-        self._thread = threading.Thread(target=self._run, name=f"mcp-stream-{self.request_id}", daemon=True)
-
-    def start(self) -> MessageStream:
-        # The gate runs here, on the caller's thread: it belongs to the caller's call (its QPS
-        # token and purpose), and a refusal must reach the caller, not the reader thread.
-        self._client.gate(self._method)
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        try:
-            timeout = httpx.Timeout(self._client.timeout_s, read=STREAM_IDLE_TIMEOUT_S)
-            reply = self._client.exchange(
-                method=self._method,
-                params=self._params,
-                request_id=self.request_id,
-                timeout=timeout,
-                creates=False,
-                on_message=self._queue.put,
-                on_open=self._remember_socket,
-                gated=True,
-            )
-            self._queue.put(StreamEnd(reply=reply, error=None))
-        except AdapterError as exc:
-            self._queue.put(StreamEnd(reply=None, error=exc))
-        except Exception as exc:  # never let the reader thread die silently
-            self._queue.put(StreamEnd(reply=None, error=AdapterError(f"stream reader failed: {exc!r}")))
-        finally:
-            self._client.close()
-
-    def _remember_socket(self, response: httpx.Response) -> None:
-        stream = response.extensions.get("network_stream")
-        sock = stream.get_extra_info("socket") if stream is not None else None
-        self._socket = sock if isinstance(sock, socket.socket) else None
-        if self._closed.is_set():
-            self._shutdown()
-
-    def next_item(self, *, timeout_s: float) -> Message | StreamEnd | None:
-        """The next message, the StreamEnd, or None if nothing came within timeout_s."""
-        if self.finished:
-            return None
-        try:
-            item = self._queue.get(timeout=max(0.0, timeout_s))
-        except queue.Empty:
-            return None
-        if isinstance(item, StreamEnd):
-            self.finished = True
-        return item
-
-    @property
-    def reading(self) -> bool:
-        """The reader thread is still alive (tests check that close() really stops it)."""
-        return self._thread.is_alive()
-
-    def close(self) -> None:
-        """Stop reading. shutdown() wakes a thread blocked in recv; close() alone would not."""
-        self._closed.set()
-        self._shutdown()
-
-    def _shutdown(self) -> None:
-        if self._socket is not None:
-            try:
-                self._socket.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass

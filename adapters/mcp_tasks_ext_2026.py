@@ -45,7 +45,8 @@ from adapters.errors import (
     TaskNotSupportedError,
     TransientError,
 )
-from adapters.jsonrpc import JsonRpcClient, Message, RpcReply, message_kind
+from adapters.jsonrpc import JsonRpcClient
+from adapters.jsonrpc_frames import Message, RpcReply, message_kind
 
 PROTOCOL_VERSION = "2026-07-28"
 EXTENSION = "io.modelcontextprotocol/tasks"

@@ -25,7 +25,7 @@ from adapters import (
     TransientError,
     adapter_for,
 )
-from adapters.mcp_tasks_2025 import _INPUT_STREAMS, close_input_streams
+from adapters.mcp_tasks_2025_inputs import _INPUT_STREAMS, close_input_streams
 from tests.peers.launch import peer_stats, running_reference_server
 
 TERMINAL = {"completed", "failed", "cancelled"}

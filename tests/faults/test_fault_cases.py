@@ -14,7 +14,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from adapters.mcp_tasks_2025 import RELATED_TASK_META
+from adapters.mcp_tasks_2025_inputs import RELATED_TASK_META
 from ledger.models import (
     EffectReconciliation,
     InputRequest,

@@ -30,7 +30,7 @@ from toolops.simulation.server import EPOCH
 
 # Modules whose `time` global is replaced (each reads time.time, time.monotonic or time.sleep).
 TIME_USERS = ("toolops.qps", "toolops.services.connections", "toolops.services.submit",
-              "adapters.mcp_tasks_2025", "adapters.jsonrpc")
+              "adapters.mcp_tasks_2025_inputs", "adapters.jsonrpc", "adapters.jsonrpc_stream")
 SLEEP_OVERSHOOT_S = 1e-6
 RNG_USERS = ("toolops.scheduling", "toolops.services.connections")
 
