@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from adapters import decode, limits
+from adapters.aip151_operations import remote_task, status_name
 from adapters.base import (
     KEY_DEDUP_RESEND,
     FetchedResult,
@@ -52,14 +53,6 @@ from adapters.errors import (
 from adapters.jsonrpc_frames import parse_retry_after
 
 VERSION = "aip-151/v1"
-CANCELLED = 1  # google.rpc.Code.CANCELLED
-# google.rpc.Code names by number (google/rpc/code.proto), for operator-readable details.
-RPC_CODES = {
-    0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED",
-    5: "NOT_FOUND", 6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED",
-    9: "FAILED_PRECONDITION", 10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED",
-    13: "INTERNAL", 14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED",
-}
 # In-call attempts for calls AIP-194 lets us repeat (UNAVAILABLE, transport errors): Get,
 # Cancel, and Create under the same request_id. Small: the scheduler is the durable retry.
 IN_CALL_ATTEMPTS = 3
@@ -73,70 +66,6 @@ RESULT_CACHE_SIZE = 256
 def _deadline_passed(at: float | None) -> bool:
     # This module's clock: the simulation replaces this module's `time` with a virtual one.
     return at is not None and time.monotonic() >= at
-
-
-def _status_name(response: httpx.Response) -> tuple[str, dict[str, Any]]:
-    """The AIP-193 `status` of an error reply (falls back to the HTTP code's usual name)."""
-    fallback = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
-                404: "NOT_FOUND", 409: "ABORTED", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED",
-                500: "INTERNAL", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
-    error: dict[str, Any] = {}
-    try:
-        parsed = decode.json_loads(response.content, what="error body")
-        if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
-            error = parsed["error"]
-    except ProtocolViolationError:
-        pass
-    status = error.get("status")
-    name = decode.quote(status, limit=64) if isinstance(status, str) and status \
-        else fallback.get(response.status_code, "UNKNOWN")
-    reason = None
-    details = error.get("details")
-    for item in details if isinstance(details, list) else []:
-        if isinstance(item, dict) and str(item.get("@type", "")).endswith("google.rpc.ErrorInfo"):
-            reason = decode.quote(item.get("reason"), limit=128)
-    return name, {"http_status": response.status_code, "status": name, "reason": reason,
-                  "message": str(error.get("message", ""))[:500]}
-
-
-def _remote_task(data: Any, *, expect_name: str | None) -> RemoteTask:
-    if not isinstance(data, dict):
-        raise ProtocolViolationError("operation is not an object")
-    name, done = decode.task_id(data.get("name"), field="name"), data.get("done", False)
-    if expect_name is not None:
-        decode.expect_same_task(asked=expect_name, got=name, what="operation")
-    if not isinstance(done, bool):
-        raise ProtocolViolationError("operation `done` is not a boolean", detail={"name": name})
-    has_response, error = "response" in data, data.get("error")
-    result: FetchedResult | None = None
-    message: str | None = None
-    if not done:
-        if has_response or error is not None:
-            raise ProtocolViolationError("running operation carries a result", detail={"name": name})
-        status = "working"
-    elif has_response == (error is not None):
-        raise ProtocolViolationError("done operation must carry exactly one of response/error",
-                                     detail={"name": name})
-    elif has_response:
-        response = data["response"]
-        if not isinstance(response, dict):
-            raise ProtocolViolationError("operation response is not an object", detail={"name": name})
-        status = "completed"
-        result = FetchedResult(kind="result", payload=response, is_error=False, raw=data)
-    else:
-        if not isinstance(error, dict) or not isinstance(error.get("code"), int):
-            raise ProtocolViolationError("operation error is not a google.rpc.Status", detail={"name": name})
-        text = error.get("message", "")
-        message = decode.status_message(text if isinstance(text, str) else str(text)) \
-            or RPC_CODES.get(error["code"], "")
-        status = "cancelled" if error["code"] == CANCELLED else "failed"
-        result = FetchedResult(kind="error", payload=error, is_error=True, raw=data)
-    metadata = data.get("metadata")
-    return RemoteTask(
-        remote_id=name, status=status, status_message=message, poll_interval_ms=None,
-        ttl_ms=None, created_at=None, raw=data, result=result,
-        progress=metadata if isinstance(metadata, dict) else None,
-    )
 
 
 class Aip151Adapter:
@@ -190,7 +119,7 @@ class Aip151Adapter:
         return f"{self._base}/{self._prefix}/{name.lstrip('/')}"
 
     def _classify(self, response: httpx.Response, *, what: str, creates: bool = False) -> AdapterError:
-        name, detail = _status_name(response)
+        name, detail = status_name(response)
         detail["call"] = what
         text = f"{what}: HTTP {response.status_code} {name}"
         if name in ("UNAVAILABLE", "RESOURCE_EXHAUSTED") or response.status_code in (429, 503):
@@ -355,7 +284,7 @@ class Aip151Adapter:
         url = f"{self._base}/{str(method['path']).lstrip('/')}"
         response = self._send(str(method.get("http_method", "POST")), url, what=f"create {tool}",
                               json=body, creates=True)
-        return self._remember(_remote_task(self._json(response, what="create"), expect_name=None))
+        return self._remember(remote_task(self._json(response, what="create"), expect_name=None))
 
     def submit(
         self, *, tool: str, arguments: dict[str, Any], ttl_ms: int | None, submission_key: str
@@ -401,7 +330,7 @@ class Aip151Adapter:
 
     def get(self, *, remote_id: str) -> RemoteTask:
         response = self._send("GET", self._operation_url(remote_id), what="GetOperation")
-        return self._remember(_remote_task(self._json(response, what="GetOperation"), expect_name=remote_id))
+        return self._remember(remote_task(self._json(response, what="GetOperation"), expect_name=remote_id))
 
     def fetch_result(self, *, remote_id: str, timeout_s: float) -> FetchedResult:
         with self._lock:

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 from mcp_types import jsonrpc as rpc
 
-from adapters import decode, limits
+from adapters import limits
 from adapters.base import (
     FetchedResult,
     InputWindow,
@@ -34,7 +34,6 @@ from adapters.base import (
     RemoteTask,
     RequestGate,
     ResendRequest,
-    ServerRequest,
     SubmitOutcome,
     ToolDescriptor,
 )
@@ -47,6 +46,7 @@ from adapters.errors import (
 )
 from adapters.jsonrpc import JsonRpcClient
 from adapters.jsonrpc_frames import Message, RpcReply, message_kind
+from adapters.mcp_tasks_ext_2026_tasks import remote_task
 
 PROTOCOL_VERSION = "2026-07-28"
 EXTENSION = "io.modelcontextprotocol/tasks"
@@ -58,9 +58,6 @@ CLIENT_INFO = {"name": "toolops", "version": "1"}
 # -32021 is the released code for "capability not declared"; -32003 was the drafts' number
 # and older servers still send it (spec PRs #2756, #3116).
 MISSING_CAPABILITY_CODES = frozenset({-32021, -32003})
-TERMINAL = frozenset({"completed", "failed", "cancelled"})
-STATUSES = frozenset({"working", "input_required"}) | TERMINAL
-INPUT_METHODS = frozenset({"elicitation/create", "sampling/createMessage", "roots/list"})
 # Inline results kept for `fetch_result` right after the `get` that saw them; bounded because
 # the adapter is cached per process and results of tasks nobody fetches must not pile up.
 RESULT_CACHE_SIZE = 256
@@ -131,70 +128,6 @@ def _rpc_error(reply: RpcReply, *, invalid_params: type[AdapterError] = AdapterE
     if code == rpc.INVALID_PARAMS:
         return invalid_params(text, detail=detail)
     return AdapterError(text, detail=detail)
-
-
-def _inline_result(data: dict[str, Any]) -> FetchedResult | None:
-    status = data.get("status")
-    if status == "completed":
-        result = data.get("result")
-        if not isinstance(result, dict) or not isinstance(result.get("content"), list):
-            raise ProtocolViolationError("completed task without a CallToolResult",
-                                         detail={"taskId": data.get("taskId")})
-        # isError:true is a COMPLETED task in the extension (only JSON-RPC errors fail).
-        return FetchedResult(kind="result", payload=result, is_error=bool(result.get("isError")),
-                             raw=data)
-    if status == "failed":
-        error = data.get("error")
-        if not isinstance(error, dict) or not isinstance(error.get("code"), int):
-            raise ProtocolViolationError("failed task without an error object",
-                                         detail={"taskId": data.get("taskId")})
-        return FetchedResult(kind="error", payload=error, is_error=True, raw=data)
-    return None
-
-
-def _input_requests(data: dict[str, Any], *, remote_id: str) -> tuple[ServerRequest, ...]:
-    raw = data.get("inputRequests")
-    if data.get("status") != "input_required" or raw is None:
-        return ()
-    if not isinstance(raw, dict):
-        raise ProtocolViolationError("inputRequests is not an object", detail={"taskId": remote_id})
-    decode.input_request_count(len(raw), what="inputRequests")
-    requests = []
-    for key, request in sorted(raw.items()):
-        if not isinstance(request, dict) or request.get("method") not in INPUT_METHODS:
-            raise ProtocolViolationError("input request of an unknown kind",
-                                         detail={"taskId": remote_id, "key": str(key)[:200]})
-        if not isinstance(request.get("params", {}), dict):
-            raise ProtocolViolationError("input request params is not an object",
-                                         detail={"taskId": remote_id})
-        requests.append(ServerRequest(request_id=decode.server_request_id(str(key)), method=request["method"],
-                                      params=dict(request.get("params") or {}),
-                                      related_task_id=remote_id))
-    return tuple(requests)
-
-
-def _remote_task(data: Any, *, expect_id: str | None) -> RemoteTask:
-    if not isinstance(data, dict):
-        raise ProtocolViolationError("task is not an object")
-    task_id = decode.task_id(data.get("taskId"))
-    if expect_id is not None:
-        decode.expect_same_task(asked=expect_id, got=task_id)
-    status = decode.status(data.get("status"), allowed=STATUSES)
-    if data.get("inputRequests") and ("result" in data or "error" in data):
-        # Waiting for input and finished at once: neither reading can be trusted.
-        raise ProtocolViolationError("input requests and an outcome in one task",
-                                     detail={"taskId": task_id, "status": status})
-    return RemoteTask(
-        remote_id=task_id,
-        status=status,
-        status_message=decode.status_message(data.get("statusMessage")),
-        poll_interval_ms=decode.poll_interval_ms(data.get("pollIntervalMs"), field="pollIntervalMs"),
-        ttl_ms=decode.ttl_ms(data.get("ttlMs"), field="ttlMs"),
-        created_at=decode.timestamp(data.get("createdAt")),
-        raw=data,
-        result=_inline_result(data),
-        input_requests=_input_requests(data, remote_id=task_id),
-    )
 
 
 class McpTasksExt2026Adapter:
@@ -315,7 +248,7 @@ class McpTasksExt2026Adapter:
         if "taskId" in result or result.get("resultType") == "task":
             # Flat CreateTaskResult. Durable creation: the server may not return it before
             # tasks/get resolves, so the id is safe to persist and poll right away.
-            task = _remote_task(result, expect_id=None)
+            task = remote_task(result, expect_id=None)
             return SubmitOutcome(task=task, sync_result=None, raw=result)
         if result.get("resultType") == "input_required":
             # MRTR before a task exists: the same call must be retried with the answers.
@@ -342,7 +275,7 @@ class McpTasksExt2026Adapter:
         reply = self._call(method="tasks/get", params={"taskId": remote_id}, name=remote_id)
         if reply.error is not None:
             raise _rpc_error(reply, invalid_params=NotFoundError)
-        task = _remote_task(reply.result, expect_id=remote_id)
+        task = remote_task(reply.result, expect_id=remote_id)
         if task.result is not None:
             with self._results_lock:
                 self._results[remote_id] = task.result

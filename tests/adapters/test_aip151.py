@@ -18,13 +18,12 @@ from adapters import (
     AdapterError,
     LostResponseError,
     NotFoundError,
-    ProtocolViolationError,
     RemoteTask,
     TaskNotSupportedError,
     TransientError,
     adapter_for,
 )
-from adapters.aip151 import Aip151Adapter, _remote_task
+from adapters.aip151 import Aip151Adapter
 from adapters.base import ResendRequest
 from tests.peers.launch_aip import AIP_OPTIONS, aip_faults, aip_reset, aip_stats
 
@@ -228,13 +227,3 @@ def test_unimplemented_cancel_is_task_not_supported(adapter: Aip151Adapter, aip_
     aip_faults(aip_url, unimplemented=["cancel"])
     with pytest.raises(TaskNotSupportedError):
         adapter.cancel(remote_id=task.remote_id)
-
-
-def test_malformed_operations_are_protocol_violations() -> None:
-    with pytest.raises(ProtocolViolationError):
-        _remote_task({"name": "operations/x", "done": True}, expect_name=None)
-    with pytest.raises(ProtocolViolationError):
-        _remote_task({"name": "operations/x", "done": True, "response": {}, "error": {"code": 2}},
-                     expect_name=None)
-    with pytest.raises(ProtocolViolationError):
-        _remote_task({"name": "operations/y", "done": False}, expect_name="operations/x")
