@@ -125,7 +125,6 @@ def _maybe_created(tool: str) -> Iterator[None]:
         raise LostResponseError(f"tools/call: unreadable reply: {exc}", detail=detail) from exc
 
 
-
 class McpTasks2025Adapter(InputStreams, SubmissionKeyResolution):
     version = "mcp-tasks/2025-11-25"
     # lookup_by_key is implemented; whether a server allows it is `key_resolution_modes`.

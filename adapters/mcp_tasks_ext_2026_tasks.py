@@ -17,7 +17,7 @@ STATUSES = frozenset({"working", "input_required"}) | TERMINAL
 INPUT_METHODS = frozenset({"elicitation/create", "sampling/createMessage", "roots/list"})
 
 
-def inline_result(data: dict[str, Any]) -> FetchedResult | None:
+def _inline_result(data: dict[str, Any]) -> FetchedResult | None:
     status = data.get("status")
     if status == "completed":
         result = data.get("result")
@@ -36,7 +36,7 @@ def inline_result(data: dict[str, Any]) -> FetchedResult | None:
     return None
 
 
-def input_requests(data: dict[str, Any], *, remote_id: str) -> tuple[ServerRequest, ...]:
+def _input_requests(data: dict[str, Any], *, remote_id: str) -> tuple[ServerRequest, ...]:
     raw = data.get("inputRequests")
     if data.get("status") != "input_required" or raw is None:
         return ()
@@ -76,6 +76,6 @@ def remote_task(data: Any, *, expect_id: str | None) -> RemoteTask:
         ttl_ms=decode.ttl_ms(data.get("ttlMs"), field="ttlMs"),
         created_at=decode.timestamp(data.get("createdAt")),
         raw=data,
-        result=inline_result(data),
-        input_requests=input_requests(data, remote_id=task_id),
+        result=_inline_result(data),
+        input_requests=_input_requests(data, remote_id=task_id),
     )
