@@ -11,9 +11,15 @@ import gc
 import logging
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 from celery import shared_task
-from celery.signals import worker_before_create_process, worker_process_shutdown
+from celery.signals import (
+    worker_before_create_process,
+    worker_init,
+    worker_process_shutdown,
+    worker_shutdown,
+)
 from django.conf import settings
 
 from toolops.broker import dispatch_room
@@ -28,6 +34,7 @@ from toolops.services.dispatch import (
 from toolops.services.inputs import input_rounds_expire_due
 from toolops.services.outbox import outbox_relay
 from toolops.services.poll_batch import operations_poll_batch, poll_threads_stop
+from toolops.worker_pool import thread_pool_class
 
 logger = logging.getLogger("toolops.tasks")
 
@@ -97,9 +104,21 @@ def relay_outbox() -> int:
     return outbox_relay().published
 
 
+@worker_init.connect
+def _thread_pool_wakes(sender: Any = None, **_kwargs: object) -> None:
+    # Sent before the worker builds its pool: `-P threads` gets the pool whose tasks wake the
+    # event loop when they end (toolops/worker_pool.py says why); any other pool is unchanged.
+    if sender is not None and getattr(sender, "pool_cls", None) is not None:
+        sender.pool_cls = thread_pool_class(sender.pool_cls)
+
+
 @worker_process_shutdown.connect
+@worker_shutdown.connect
 def _poll_threads_stop(**_kwargs: object) -> None:
-    # Held rows go back to the ledger at once and each poll thread closes its connection.
+    # Held rows go back to the ledger at once and each poll thread closes its connection. A
+    # prefork child ends with `worker_process_shutdown`; the thread pool's polls run in the
+    # worker's own process, which ends with `worker_shutdown` (a prefork parent has no poll
+    # threads, so there it stops nothing).
     poll_threads_stop()
     try:
         # A pool child ends without atexit: its prefetched QPS grants are reported here.

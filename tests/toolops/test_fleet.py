@@ -6,6 +6,7 @@ poll schedule in rows) must carry the operation to exactly one receipt, with one
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -124,3 +125,50 @@ def test_worker_killed_mid_operation_loses_and_duplicates_nothing(
     assert peer_stats(mcp_url)["submission_keys"][op.submission_key] == 1
     assert server.operations.count() == 1
     print(f"\nfleet: submit -> ACCEPTED in {elapsed:.2f}s with one worker SIGKILLed mid-run")
+
+
+def test_a_thread_pool_worker_accepts_every_call_and_hands_its_held_rows_back_when_stopped(
+    mcp_url: str, fleet_env: dict[str, str], tmp_path: Path
+) -> None:
+    # `-P threads`: the polls run in the worker's own process, and each late-acked batch ends on
+    # a pool thread (toolops/worker_pool.py). Short calls must all settle once; a long one held
+    # between its polls must be handed back when the worker stops, not left leased.
+    server = server_add(name="fleet-threads", url=mcp_url)
+    short = [operation_submit(server_name="fleet-threads", tool_name="sleep_then_complete",
+                              call_node_id=f"threads-{k}", arguments={"seconds": 1, "value": f"v{k}"},
+                              ttl_ms=120_000) for k in range(6)]
+    long = operation_submit(server_name="fleet-threads", tool_name="sleep_then_complete",
+                            call_node_id="threads-long", arguments={"seconds": 90, "value": "x"},
+                            ttl_ms=300_000)
+    beat = _start(["beat", "-s", str(tmp_path / "beat-schedule"), "-l", "info"], fleet_env,
+                  tmp_path / "beat.log")
+    worker = _start(["worker", "--concurrency", "4", "--pool", "threads", "--without-gossip",
+                     "--without-mingle", "-l", "info", "-n", "threads@%h"], fleet_env,
+                    tmp_path / "worker.log")
+    try:
+        _wait_for(lambda: TerminalReceipt.objects.filter(
+            operation__in=[op.id for op in short]).count() == len(short), 60,
+            "the thread-pool worker to accept the short calls")
+        _wait_for(lambda: Operation.objects.filter(id=long.id, polls_count__gte=3)
+                  .exclude(lease_owner="").exists(), 45, "the long call to be held between polls")
+        os.killpg(worker.pid, signal.SIGTERM)  # warm shutdown
+        worker.wait(timeout=30)
+    finally:
+        for proc in (worker, beat):
+            _kill(proc, signal.SIGTERM) if proc.poll() is None else None
+        for log in sorted(tmp_path.glob("*.log")):
+            sys.stderr.write(f"--- {log.name} (tail) ---\n{log.read_text()[-1500:]}\n")
+
+    for op in short:
+        op.refresh_from_db()
+        assert op.state == State.ACCEPTED and op.terminal_status == "completed"
+        assert op.result is not None and f"v{short.index(op)}" in json.dumps(op.result)
+        assert TerminalReceipt.objects.filter(operation=op).count() == 1
+        assert OutboxEvent.objects.filter(receipt__operation=op).count() == 1
+        assert peer_stats(mcp_url)["submission_keys"][op.submission_key] == 1
+    long.refresh_from_db()
+    assert long.state == State.WORKING and not TerminalReceipt.objects.filter(operation=long).exists()
+    assert long.lease_owner == "" and long.lease_expires_at is None, \
+        "the stopped worker left its held row leased"
+    assert server.operations.count() == len(short) + 1
+    assert "Traceback" not in (tmp_path / "worker.log").read_text()
