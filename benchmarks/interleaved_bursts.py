@@ -12,6 +12,9 @@ tracks the machine's speed in that minute).
     PERF_ENV=/tmp/perf-env TOOLOPS_SERVER_HOSTS=public,127.0.0.0/8 \\
         python benchmarks/interleaved_bursts.py --n 2000 --rounds 4
 
+`--toolops-pools prefork,threads` runs this project's fleet once per worker pool in each round
+(the order of all runs rotating from round to round), each against the same round's Celery run.
+
 Needs the harness set up (`../shared/perf/setup.sh`) and nothing else on port 8765.
 """
 
@@ -56,7 +59,10 @@ def main() -> None:
     ap.add_argument("--harness", default=str(ROOT.parent / "shared" / "perf"))
     ap.add_argument("--perf-env", default=os.environ.get("PERF_ENV", "/tmp/perf-env"))
     ap.add_argument("--submitters", type=int, default=2)
+    ap.add_argument("--toolops-pools", default="prefork",
+                    help="comma-separated worker pools for this project's fleet (Celery's stays prefork)")
     args = ap.parse_args()
+    pools = [p.strip() for p in args.toolops_pools.split(",") if p.strip()]
 
     harness = Path(args.harness)
     python = str(Path(args.perf_env) / "venv" / "bin" / "python")
@@ -65,34 +71,43 @@ def main() -> None:
     server_log = (out / "server.log").open("w")
     server = subprocess.Popen([python, "fastserver.py", "--port", str(SERVER_PORT)], cwd=harness, env=env,
                               stdout=server_log, stderr=subprocess.STDOUT)
-    common = ["--n", str(args.n), "--rate", "0", "--concurrency", "4", "--pool", "prefork"]
-    runs = {
-        "celery": ["baseline_celery.py", *common],
-        "toolops": ["baseline_toolops.py", *common, "--project", str(ROOT),
-                    "--submitters", str(args.submitters)],
-    }
-    ratios, norms = [], []
+    common = ["--n", str(args.n), "--rate", "0", "--concurrency", "4"]
+    runs = {"celery": ["baseline_celery.py", *common, "--pool", "prefork"]}
+    for pool in pools:
+        runs[f"toolops-{pool}"] = ["baseline_toolops.py", *common, "--pool", pool, "--project", str(ROOT),
+                                   "--submitters", str(args.submitters)]
+    names = list(runs)
+    ratios: dict[str, list[float]] = {name: [] for name in names[1:]}
+    norms: dict[str, list[float]] = {name: [] for name in names[1:]}
     try:
         _server_up(f"http://127.0.0.1:{SERVER_PORT}/stats")
         for k in range(1, args.rounds + 1):
-            order = ["celery", "toolops"] if k % 2 else ["toolops", "celery"]
+            # Rotate, and flip every other round, so a slow minute falls on every side in turn.
+            shift = (k - 1) % len(names)
+            order = names[shift:] + names[:shift]
+            order = order if k % 2 else order[::-1]
             for name in order:
                 # The baselines read PERF_ENV too (their logs, the submitters' files).
                 _run([python, *runs[name], "--out", str(out / f"{name}-{k}.json")], cwd=harness,
                      env=env, log=out / f"{name}-{k}.log")
             c = json.loads((out / f"celery-{k}.json").read_text())
-            t = json.loads((out / f"toolops-{k}.json").read_text())
-            box_t, box_c = t["box_cpu_ms_per_call"], c["box_cpu_ms_per_call"]
-            ratio = t["calls_per_s"] / c["calls_per_s"]
-            norm = (box_t / t["server_cpu_ms_per_call"]) / (box_c / c["server_cpu_ms_per_call"])
-            ratios.append(ratio)
-            norms.append(norm)
-            print(f"round {k} N={args.n}: calls/s toolops {t['calls_per_s']} celery {c['calls_per_s']} "
-                  f"ratio x{ratio:.3f}; box CPU/call {box_t} / {box_c} x{box_t / box_c:.3f}; server CPU/call "
-                  f"{t['server_cpu_ms_per_call']} / {c['server_cpu_ms_per_call']}; norm x{norm:.3f}",
-                  flush=True)
-        print(f"median calls/s ratio x{statistics.median(ratios):.3f}, "
-              f"median norm x{statistics.median(norms):.3f} ({args.rounds} rounds; results in {out})")
+            for name in names[1:]:
+                t = json.loads((out / f"{name}-{k}.json").read_text())
+                box_t, box_c = t["box_cpu_ms_per_call"], c["box_cpu_ms_per_call"]
+                ratio = t["calls_per_s"] / c["calls_per_s"]
+                norm = (box_t / t["server_cpu_ms_per_call"]) / (box_c / c["server_cpu_ms_per_call"])
+                ratios[name].append(ratio)
+                norms[name].append(norm)
+                print(f"round {k} N={args.n} {name}: calls/s {t['calls_per_s']} celery {c['calls_per_s']} "
+                      f"ratio x{ratio:.3f}; box CPU/call {box_t} / {box_c} x{box_t / box_c:.3f}; "
+                      f"server CPU/call {t['server_cpu_ms_per_call']} / {c['server_cpu_ms_per_call']}; "
+                      f"norm x{norm:.3f}; "
+                      f"worker RSS {t['worker']['peak_rss_mb']} MB ({t['worker']['processes']}) / "
+                      f"{c['worker']['peak_rss_mb']} ({c['worker']['processes']})", flush=True)
+        for name in names[1:]:
+            print(f"{name}: median calls/s ratio x{statistics.median(ratios[name]):.3f}, "
+                  f"median norm x{statistics.median(norms[name]):.3f} "
+                  f"({args.rounds} rounds; results in {out})")
     finally:
         server.terminate()
         server.wait(timeout=10)
