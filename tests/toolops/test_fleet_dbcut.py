@@ -98,8 +98,11 @@ def _settled(keys: list[str]) -> bool:
     return all(states.get(k) in SETTLED for k in states)
 
 
+# Each pool's workers meet the cuts on their own threads: prefork children, or the thread pool's
+# threads in the worker's own process (one connection per thread either way).
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
 def test_database_cut_at_submit_reply_result_store_and_acceptance(
-    mcp_url: str, cut_env: dict[str, str], tmp_path: Path
+    mcp_url: str, cut_env: dict[str, str], tmp_path: Path, pool: str
 ) -> None:
     server = server_add(name=SERVER, url=mcp_url)
     ToolServer.objects.filter(pk=server.pk).update(max_qps=1000.0)
@@ -118,7 +121,7 @@ def test_database_cut_at_submit_reply_result_store_and_acceptance(
         "result_store": proxy.cut_on(b'UPDATE "ledger_operation" SET "result" = ', [2.0], skip=3),
         "acceptance": proxy.cut_on(b'INSERT INTO "ledger_terminalreceipt"', [2.0, 4.0], skip=3),
     }
-    worker_args = ["worker", "--concurrency", "1", "--pool", "prefork", "--without-gossip",
+    worker_args = ["worker", "--concurrency", "1", "--pool", pool, "--without-gossip",
                    "--without-mingle", "-l", "info"]
     procs = [
         _start(["beat", "-s", str(tmp_path / "beat-schedule"), "-l", "info"], env,

@@ -194,8 +194,11 @@ def _crash_mid_poll(cluster: Cluster, procs: list[subprocess.Popen[bytes]]) -> i
     return lost
 
 
+# The crash drops every connection of the worker's pool: the children's on prefork, the pool's
+# and poll threads' of the one process on threads.
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
 def test_a_database_crash_loses_no_call_and_duplicates_nothing(
-    mcp_url: str, cluster: Cluster, tmp_path: Path
+    mcp_url: str, cluster: Cluster, tmp_path: Path, pool: str
 ) -> None:
     redis.Redis.from_url(BROKER).flushdb()
     env = {**_fleet_env(tmp_path), "DATABASE_URL": cluster.url(DB)}
@@ -205,7 +208,7 @@ def test_a_database_crash_loses_no_call_and_duplicates_nothing(
     keys = [f"pgcrash-{run}-{i}" for i in range(CALLS)]
     before = peer_stats(mcp_url)
 
-    worker = ["worker", "--concurrency", "2", "--pool", "prefork", "--without-gossip",
+    worker = ["worker", "--concurrency", "2", "--pool", pool, "--without-gossip",
               "--without-mingle", "-l", "info", "-n", "pgcrash@%h"]
     procs = [_start(["beat", "-s", str(tmp_path / "beat-schedule"), "-l", "info"], env,
                     tmp_path / "beat.log"),
