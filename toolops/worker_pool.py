@@ -20,6 +20,7 @@ is started with `-P threads` (see `toolops.tasks`), so no option changes.
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import Future
 from typing import Any
 
@@ -32,16 +33,23 @@ class ThreadPool(TaskPool):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._wake_read, self._wake_write = os.pipe()
+        read_end, write_end = os.pipe()
         # Neither end may block: a full pipe already holds a wake-up the loop has yet to read,
         # and the loop reads until the pipe is empty.
-        os.set_blocking(self._wake_read, False)
-        os.set_blocking(self._wake_write, False)
+        os.set_blocking(read_end, False)
+        os.set_blocking(write_end, False)
+        self._wake_read: int | None = read_end
+        self._wake_write: int | None = write_end
+        # Held while an end is used or closed: a task still ending after the close (a cold
+        # shutdown does not wait for the threads) must not write to a descriptor number the
+        # process has since given to another file.
+        self._wake_lock = threading.Lock()
 
     def register_with_event_loop(self, loop: Any) -> None:
         # Called each time the consumer starts its loop (a reconnect makes a new one).
         super().register_with_event_loop(loop)
-        loop.add_reader(self._wake_read, self._drain)
+        if self._wake_read is not None:
+            loop.add_reader(self._wake_read, self._drain)
 
     def on_apply(self, *args: Any, **kwargs: Any) -> Any:
         result = super().on_apply(*args, **kwargs)
@@ -51,24 +59,30 @@ class ThreadPool(TaskPool):
 
     def on_close(self) -> None:
         super().on_close()
-        for fd in (self._wake_read, self._wake_write):
-            try:
+        with self._wake_lock:
+            ends, self._wake_read, self._wake_write = (self._wake_read, self._wake_write), None, None
+        for fd in ends:
+            if fd is not None:
                 os.close(fd)
-            except OSError:  # already closed by an earlier close
-                pass
 
     def _wake(self, _future: Future[Any] | None = None) -> None:
-        try:
-            os.write(self._wake_write, b"\0")
-        except OSError:  # full (a wake-up is pending anyway) or closed (the pool is stopping)
-            pass
+        with self._wake_lock:
+            if self._wake_write is None:  # the pool is closed
+                return
+            try:
+                os.write(self._wake_write, b"\0")
+            except BlockingIOError:  # full: a wake-up is pending anyway
+                pass
 
     def _drain(self, *_args: Any) -> None:
-        try:
-            while os.read(self._wake_read, 4096):
+        with self._wake_lock:
+            if self._wake_read is None:
+                return
+            try:
+                while os.read(self._wake_read, 4096):
+                    pass
+            except BlockingIOError:  # empty
                 pass
-        except OSError:  # empty (BlockingIOError) or closed
-            pass
 
 
 def thread_pool_class(pool_cls: Any) -> Any:

@@ -3,6 +3,7 @@ executor and kombu's own hub: nothing stands in for either."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -82,8 +83,20 @@ def test_a_wake_up_after_the_pool_closed_is_dropped() -> None:
     pool.start()
     pool.stop()
     pool.close()
-    pool._wake()  # a late task's end: the pipe is closed, nothing is raised
-    pool._drain()
+    # The closed descriptors' numbers go to the next files the process opens: a late task's
+    # end must not write into them.
+    read_end, write_end = os.pipe()
+    try:
+        os.set_blocking(read_end, False)
+        pool._wake()
+        with pytest.raises(BlockingIOError):
+            os.read(read_end, 1)
+        os.write(write_end, b"x")
+        pool._drain()  # nor read from them
+        assert os.read(read_end, 1) == b"x"
+    finally:
+        os.close(read_end)
+        os.close(write_end)
 
 
 @pytest.mark.parametrize("given", ["threads", "celery.concurrency.thread:TaskPool", TaskPool])
