@@ -32,7 +32,6 @@ class RpcReply:
     others: tuple[Message, ...]  # server requests / notifications seen before the response
 
 
-
 def parse_retry_after(value: str | None) -> float | None:
     """Retry-After as seconds (delta-seconds or HTTP-date); None when absent or unreadable."""
     if not value:

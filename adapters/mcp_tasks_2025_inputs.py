@@ -90,11 +90,14 @@ class InputStreams:
     def _keep_server_messages(self, messages: tuple[Message, ...] | list[Message]) -> None:
         for message in messages:
             if message_kind(message) == "request":
-                self.pending_server_requests.append(server_request(message))
-                # A server may send requests without end: keep the newest, bounded.
-                del self.pending_server_requests[: -limits.MAX_PENDING_SERVER_REQUESTS]
+                self._keep_pending(server_request(message))
             else:
                 self.notifications.append(message)
+
+    def _keep_pending(self, request: ServerRequest) -> None:
+        self.pending_server_requests.append(request)
+        # A server may send requests without end: keep the newest, bounded.
+        del self.pending_server_requests[: -limits.MAX_PENDING_SERVER_REQUESTS]
 
     def read_input(self, *, remote_id: str, wait_s: float) -> InputWindow:
         deadline = time.monotonic() + wait_s
@@ -194,8 +197,7 @@ class InputStreams:
             collected.append(dataclasses.replace(request, stream_opened_at=stream.opened_at))
             decode.input_request_count(len(collected), what="tasks/result input stream")
         else:
-            self.pending_server_requests.append(request)
-            del self.pending_server_requests[: -limits.MAX_PENDING_SERVER_REQUESTS]
+            self._keep_pending(request)
 
     def _stream_outcome(self, end: StreamEnd, *, remote_id: str) -> FetchedResult:
         if end.error is not None:

@@ -159,13 +159,14 @@ def test_a_thread_pool_worker_accepts_every_call_and_hands_its_held_rows_back_wh
         for log in sorted(tmp_path.glob("*.log")):
             sys.stderr.write(f"--- {log.name} (tail) ---\n{log.read_text()[-1500:]}\n")
 
-    for op in short:
+    sent = peer_stats(mcp_url)["submission_keys"]
+    for k, op in enumerate(short):
         op.refresh_from_db()
         assert op.state == State.ACCEPTED and op.terminal_status == "completed"
-        assert op.result is not None and f"v{short.index(op)}" in json.dumps(op.result)
+        assert op.result is not None and f"v{k}" in json.dumps(op.result)
         assert TerminalReceipt.objects.filter(operation=op).count() == 1
         assert OutboxEvent.objects.filter(receipt__operation=op).count() == 1
-        assert peer_stats(mcp_url)["submission_keys"][op.submission_key] == 1
+        assert sent[op.submission_key] == 1
     long.refresh_from_db()
     assert long.state == State.WORKING and not TerminalReceipt.objects.filter(operation=long).exists()
     assert long.lease_owner == "" and long.lease_expires_at is None, \

@@ -15,11 +15,9 @@ from celery.concurrency.thread import TaskPool
 from celery.worker import WorkController
 from kombu.asynchronous import Hub
 
-import toolops.tasks  # connects the worker hooks
+import toolops.tasks  # noqa: F401  (connects the worker hooks)
 from config.celery import app
 from toolops.worker_pool import ThreadPool, thread_pool_class
-
-assert toolops.tasks  # imported for its signal handlers
 
 
 @pytest.fixture
