@@ -36,12 +36,12 @@ SERVER_ENV = {"FAST_TASK_SECONDS": "1", "FAST_POLL_MS": "500"}
 SERVER_PORT = 8765
 
 
-def _run(cmd: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> None:
+def run_logged(cmd: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> None:
     with log.open("w") as out:
         subprocess.run(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, check=True)
 
 
-def _server_up(url: str, timeout_s: float = 20.0) -> None:
+def server_wait(url: str, timeout_s: float = 20.0) -> None:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         try:
@@ -80,7 +80,7 @@ def main() -> None:
     ratios: dict[str, list[float]] = {name: [] for name in names[1:]}
     norms: dict[str, list[float]] = {name: [] for name in names[1:]}
     try:
-        _server_up(f"http://127.0.0.1:{SERVER_PORT}/stats")
+        server_wait(f"http://127.0.0.1:{SERVER_PORT}/stats")
         for k in range(1, args.rounds + 1):
             # Rotate, and flip every other round, so a slow minute falls on every side in turn.
             shift = (k - 1) % len(names)
@@ -88,7 +88,7 @@ def main() -> None:
             order = order if k % 2 else order[::-1]
             for name in order:
                 # The baselines read PERF_ENV too (their logs, the submitters' files).
-                _run([python, *runs[name], "--out", str(out / f"{name}-{k}.json")], cwd=harness,
+                run_logged([python, *runs[name], "--out", str(out / f"{name}-{k}.json")], cwd=harness,
                      env=env, log=out / f"{name}-{k}.log")
             c = json.loads((out / f"celery-{k}.json").read_text())
             for name in names[1:]:
