@@ -25,13 +25,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from interleaved_bursts import ROOT, SERVER_ENV, SERVER_PORT, run_logged, server_wait
+from interleaved_bursts import SERVER_ENV, baseline_runs, fast_server, harness_arguments, run_logged
 
 SAMPLE_S = 0.1
 # The harness starts every burst within a quiet box (its runs settle 10.5 s before the start),
@@ -104,11 +103,7 @@ def _report(name: str, run: dict, busy: list[float]) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, default=2000)
-    ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--harness", default=str(ROOT.parent / "shared" / "perf"))
-    ap.add_argument("--perf-env", default=os.environ.get("PERF_ENV", "/tmp/perf-env"))
-    ap.add_argument("--submitters", type=int, default=2)
+    harness_arguments(ap, rounds=1)
     ap.add_argument("--toolops-pool", default="threads")
     ap.add_argument("--toolops-env", action="append", default=[], metavar="NAME=VALUE")
     args = ap.parse_args()
@@ -118,39 +113,28 @@ def main() -> None:
     env = {**os.environ, **SERVER_ENV, "PERF_ENV": args.perf_env}
     toolops_env = {**env, **dict(item.split("=", 1) for item in args.toolops_env)}
     out = Path(tempfile.mkdtemp(prefix="utilization-"))
-    common = ["--n", str(args.n), "--rate", "0", "--concurrency", "4"]
-    runs = {
-        "celery": (["baseline_celery.py", *common, "--pool", "prefork"], env),
-        "toolops": (["baseline_toolops.py", *common, "--pool", args.toolops_pool, "--project", str(ROOT),
-                     "--submitters", str(args.submitters)], toolops_env),
-    }
+    runs = baseline_runs(n=args.n, pools=[args.toolops_pool], submitters=args.submitters)
     shares: dict[str, list[dict[str, float]]] = {name: [] for name in runs}
-    server_log = (out / "server.log").open("w")
-    server = subprocess.Popen([python, "fastserver.py", "--port", str(SERVER_PORT)], cwd=harness, env=env,
-                              stdout=server_log, stderr=subprocess.STDOUT)
     sampler = BusySampler().start()
     try:
-        server_wait(f"http://127.0.0.1:{SERVER_PORT}/stats")
-        for k in range(1, args.rounds + 1):
-            print(f"round {k} N={args.n}", flush=True)
-            for name in (list(runs) if k % 2 else list(runs)[::-1]):
-                cmd, run_env = runs[name]
-                path = out / f"{name}-{k}.json"
-                since = time.time()
-                run_logged([python, *cmd, "--out", str(path)], cwd=harness, env=run_env,
-                           log=out / f"{name}-{k}.log")
-                run = json.loads(path.read_text())
-                busy = sampler.burst(since=since, until=time.time(), wall_s=run["wall_s"])
-                shares[name].append(_report(name, run, busy))
-        for name, figures in shares.items():
-            summary = ", ".join(f"{part} {100 * statistics.median(f[part] for f in figures):.0f} %"
-                                for part in ("all", "head", "middle", "tail"))
-            print(f"{name}: median busy share {summary} ({args.rounds} rounds; results in {out})")
+        with fast_server(harness=harness, python=python, env=env, log=out / "server.log"):
+            for k in range(1, args.rounds + 1):
+                print(f"round {k} N={args.n}", flush=True)
+                for name in (list(runs) if k % 2 else list(runs)[::-1]):
+                    run_env = toolops_env if name.startswith("toolops") else env
+                    path = out / f"{name}-{k}.json"
+                    since = time.time()
+                    run_logged([python, *runs[name], "--out", str(path)], cwd=harness, env=run_env,
+                               log=out / f"{name}-{k}.log")
+                    run = json.loads(path.read_text())
+                    busy = sampler.burst(since=since, until=time.time(), wall_s=run["wall_s"])
+                    shares[name].append(_report(name, run, busy))
+            for name, figures in shares.items():
+                summary = ", ".join(f"{part} {100 * statistics.median(f[part] for f in figures):.0f} %"
+                                    for part in ("all", "head", "middle", "tail"))
+                print(f"{name}: median busy share {summary} ({args.rounds} rounds; results in {out})")
     finally:
         sampler.stop()
-        server.terminate()
-        server.wait(timeout=10)
-        server_log.close()
 
 
 if __name__ == "__main__":

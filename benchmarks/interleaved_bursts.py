@@ -21,6 +21,7 @@ Needs the harness set up (`../shared/perf/setup.sh`) and nothing else on port 87
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -28,6 +29,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,13 +54,43 @@ def server_wait(url: str, timeout_s: float = 20.0) -> None:
     raise SystemExit(f"the fast server did not answer at {url}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+@contextlib.contextmanager
+def fast_server(*, harness: Path, python: str, env: dict[str, str], log: Path) -> Iterator[None]:
+    """The harness's fast server on SERVER_PORT, answering for the block, stopped after it."""
+    with log.open("w") as out:
+        server = subprocess.Popen([python, "fastserver.py", "--port", str(SERVER_PORT)], cwd=harness,
+                                  env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            server_wait(f"http://127.0.0.1:{SERVER_PORT}/stats")
+            yield
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+
+
+def baseline_runs(*, n: int, pools: list[str], submitters: int) -> dict[str, list[str]]:
+    """The harness's command lines for one burst of `n`: naive Celery on prefork first, then
+    this project's fleet once per worker pool (named `toolops-<pool>`)."""
+    common = ["--n", str(n), "--rate", "0", "--concurrency", "4"]
+    runs = {"celery": ["baseline_celery.py", *common, "--pool", "prefork"]}
+    for pool in pools:
+        runs[f"toolops-{pool}"] = ["baseline_toolops.py", *common, "--pool", pool, "--project", str(ROOT),
+                                   "--submitters", str(submitters)]
+    return runs
+
+
+def harness_arguments(ap: argparse.ArgumentParser, *, rounds: int) -> None:
+    """The options every script that drives the harness's bursts takes."""
     ap.add_argument("--n", type=int, default=2000)
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--harness", default=str(ROOT.parent / "shared" / "perf"))
     ap.add_argument("--perf-env", default=os.environ.get("PERF_ENV", "/tmp/perf-env"))
     ap.add_argument("--submitters", type=int, default=2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    harness_arguments(ap, rounds=4)
     ap.add_argument("--toolops-pools", default="prefork",
                     help="comma-separated worker pools for this project's fleet (Celery's stays prefork)")
     args = ap.parse_args()
@@ -68,19 +100,11 @@ def main() -> None:
     python = str(Path(args.perf_env) / "venv" / "bin" / "python")
     env = {**os.environ, **SERVER_ENV, "PERF_ENV": args.perf_env}
     out = Path(tempfile.mkdtemp(prefix="interleaved-"))
-    server_log = (out / "server.log").open("w")
-    server = subprocess.Popen([python, "fastserver.py", "--port", str(SERVER_PORT)], cwd=harness, env=env,
-                              stdout=server_log, stderr=subprocess.STDOUT)
-    common = ["--n", str(args.n), "--rate", "0", "--concurrency", "4"]
-    runs = {"celery": ["baseline_celery.py", *common, "--pool", "prefork"]}
-    for pool in pools:
-        runs[f"toolops-{pool}"] = ["baseline_toolops.py", *common, "--pool", pool, "--project", str(ROOT),
-                                   "--submitters", str(args.submitters)]
+    runs = baseline_runs(n=args.n, pools=pools, submitters=args.submitters)
     names = list(runs)
     ratios: dict[str, list[float]] = {name: [] for name in names[1:]}
     norms: dict[str, list[float]] = {name: [] for name in names[1:]}
-    try:
-        server_wait(f"http://127.0.0.1:{SERVER_PORT}/stats")
+    with fast_server(harness=harness, python=python, env=env, log=out / "server.log"):
         for k in range(1, args.rounds + 1):
             # Rotate, and flip every other round, so a slow minute falls on every side in turn.
             shift = (k - 1) % len(names)
@@ -89,7 +113,7 @@ def main() -> None:
             for name in order:
                 # The baselines read PERF_ENV too (their logs, the submitters' files).
                 run_logged([python, *runs[name], "--out", str(out / f"{name}-{k}.json")], cwd=harness,
-                     env=env, log=out / f"{name}-{k}.log")
+                           env=env, log=out / f"{name}-{k}.log")
             c = json.loads((out / f"celery-{k}.json").read_text())
             for name in names[1:]:
                 t = json.loads((out / f"{name}-{k}.json").read_text())
@@ -108,10 +132,6 @@ def main() -> None:
             print(f"{name}: median calls/s ratio x{statistics.median(ratios[name]):.3f}, "
                   f"median norm x{statistics.median(norms[name]):.3f} "
                   f"({args.rounds} rounds; results in {out})")
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        server_log.close()
 
 
 if __name__ == "__main__":

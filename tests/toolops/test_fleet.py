@@ -155,7 +155,8 @@ def test_a_thread_pool_worker_accepts_every_call_and_hands_its_held_rows_back_wh
         worker.wait(timeout=30)
     finally:
         for proc in (worker, beat):
-            _kill(proc, signal.SIGTERM) if proc.poll() is None else None
+            if proc.poll() is None:
+                _kill(proc, signal.SIGTERM)
         for log in sorted(tmp_path.glob("*.log")):
             sys.stderr.write(f"--- {log.name} (tail) ---\n{log.read_text()[-1500:]}\n")
 
