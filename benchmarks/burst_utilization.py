@@ -33,8 +33,8 @@ from pathlib import Path
 from interleaved_bursts import SERVER_ENV, baseline_runs, fast_server, harness_arguments, run_logged
 
 SAMPLE_S = 0.1
-# The harness starts every burst within a quiet box (its runs settle 10.5 s before the start),
-# so the busiest window of the run's own length is the burst.
+# The parts of a burst reported apart: the first half second (only the submitters have work) and
+# the last second (one task's length: only polls are left).
 HEAD_S, TAIL_S = 0.5, 1.0
 
 
@@ -70,7 +70,8 @@ class BusySampler:
 
     def burst(self, *, since: float, until: float, wall_s: float) -> list[float]:
         """The busy fractions of the `wall_s` window between `since` and `until` that holds the
-        most busy time: the burst."""
+        most busy time: the burst. The harness starts every burst on a quiet box (its runs
+        settle 10.5 s before the start), so the busiest window of the run's own length is it."""
         inside = [busy for t, busy in self.samples if since <= t <= until]
         width = max(1, round(wall_s / SAMPLE_S))
         if len(inside) <= width:
