@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from toolops.simulation.plan import series_plan
@@ -77,3 +79,31 @@ def test_command_prints_the_replay_command_and_exits_non_zero() -> None:
     assert exited.value.code == 1
     assert f"python manage.py toolops simulate --series 12 --seed {SEED} --only 3" in err.getvalue()
     assert "terminal_divergence" in out.getvalue() and "FAIL" in out.getvalue()
+
+
+def test_an_answer_not_delivered_for_want_of_a_token_is_answered_again(monkeypatch) -> None:
+    """Every other delivery of an answer is refused for want of a QPS token (nothing sent): the
+    answer stays recorded, the round is no longer open, and the simulated operator answers again
+    with the same JSON, as the refusal says; every series still settles."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ledger.models import OperationEvent
+    from toolops.services import inputs
+    from toolops.services.connections import RateLimited
+
+    real = inputs.server_call
+    deliveries = itertools.count()
+
+    def every_other_delivery_refused(*, server, purpose, fn, **kwargs):  # type: ignore[no-untyped-def]
+        if purpose == "input" and next(deliveries) % 2 == 0:
+            raise RateLimited(server_id=server.pk, purpose=purpose,
+                              retry_at=timezone.now() + timedelta(seconds=1))
+        return real(server=server, purpose=purpose, fn=fn, **kwargs)
+
+    monkeypatch.setattr(inputs, "server_call", every_other_delivery_refused)
+    result = simulate(series=60, seed=SEED, workers=1)
+    assert result.failing == {}, {i: p for i, p in list(result.failing.items())[:5]}
+    assert result.gate.passed, result.gate.as_dict()
+    assert OperationEvent.objects.filter(kind="input_delivery_failed").count() > 0

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from django.db.models import Q
 from django.utils import timezone
 
 from adapters.mcp_tasks_2025 import McpTasks2025Adapter
@@ -210,9 +211,12 @@ class _Run:
         ledger_statistics_refresh()
         next_answer: float | None = None
         # Only rows waiting for input: a round left open on a row that went to the queue is not
-        # answerable (the operator settles the row there instead).
-        rounds = InputRequest.objects.filter(status=InputRequest.Status.OPEN,
-                                             operation__state=State.INPUT_REQUIRED,
+        # answerable (the operator settles the row there instead). A round whose answer was
+        # recorded but not delivered (no QPS token, server busy) is answered again with the same
+        # JSON, as the refusal tells the operator to; it is no longer open, so the filter names it.
+        waiting = Q(status=InputRequest.Status.OPEN) | Q(status=InputRequest.Status.ANSWERED,
+                                                         delivered_at__isnull=True)
+        rounds = InputRequest.objects.filter(waiting, operation__state=State.INPUT_REQUIRED,
                                              operation__server_id__in=server_ids).values_list(
             "id", "operation_id", "round", "schema_digest", "created_at")
         for ir_id, op_id, rnd, digest, created in sorted(rounds, key=lambda r: r[0]):
