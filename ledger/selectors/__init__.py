@@ -4,7 +4,7 @@ The package re-exports every selector so `from ledger.selectors import operation
 new code may import from the entity module (`ledger.selectors.operations`) directly.
 """
 
-from ledger.selectors.inputs import input_request_get, input_requests_open
+from ledger.selectors.inputs import input_request_get, input_requests_open, input_rounds_waiting
 from ledger.selectors.operations import (
     operation_events,
     operation_find,
@@ -23,6 +23,7 @@ from ledger.selectors.servers import server_get
 __all__ = [
     "input_request_get",
     "input_requests_open",
+    "input_rounds_waiting",
     "operation_events",
     "operation_find",
     "operation_get",

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import itertools
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
+from ledger.models import OperationEvent
+from toolops.services import inputs
+from toolops.services.connections import RateLimited
 from toolops.simulation.plan import series_plan
 from toolops.simulation.shards import simulate
 
@@ -85,14 +90,6 @@ def test_an_answer_not_delivered_for_want_of_a_token_is_answered_again(monkeypat
     """Every other delivery of an answer is refused for want of a QPS token (nothing sent): the
     answer stays recorded, the round is no longer open, and the simulated operator answers again
     with the same JSON, as the refusal says; every series still settles."""
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    from ledger.models import OperationEvent
-    from toolops.services import inputs
-    from toolops.services.connections import RateLimited
-
     real = inputs.server_call
     deliveries = itertools.count()
 

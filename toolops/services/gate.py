@@ -50,7 +50,6 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from ledger.models import (
-    InputRequest,
     Operation,
     OperationDue,
     OperationEvent,
@@ -58,6 +57,7 @@ from ledger.models import (
     ReconciliationItem,
     TerminalReceipt,
 )
+from ledger.selectors.inputs import input_rounds_waiting
 from ledger.states import OPEN, State, TerminalStatus
 from toolops.services.dispatch import CLAIMABLE
 from toolops.services.poll_report import poll_report_servers
@@ -327,9 +327,7 @@ def _stranded(*, ops: Any) -> GateFigure:
     # row without one is stranded however its own times read).
     scheduled = Q(state__in=CLAIMABLE) & Exists(
         OperationDue.objects.filter(operation=OuterRef("pk")))
-    waiting = Exists(InputRequest.objects.filter(operation=OuterRef("pk")).filter(
-        Q(status=InputRequest.Status.OPEN)
-        | Q(status=InputRequest.Status.ANSWERED, delivered_at__isnull=True)))
+    waiting = Exists(input_rounds_waiting().filter(operation=OuterRef("pk")))
     queued = Exists(ReconciliationItem.objects.filter(operation=OuterRef("pk"),
                                                       status=ReconciliationItem.Status.OPEN))
     rows = (ops.filter(state__in=[s.value for s in OPEN]).exclude(scheduled)

@@ -22,12 +22,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django.db.models import Q
 from django.utils import timezone
 
 from adapters.mcp_tasks_2025 import McpTasks2025Adapter
 from ledger.errors import LedgerError
-from ledger.models import InputRequest, Operation, OperationEvent, ToolServer
+from ledger.models import Operation, OperationEvent, ToolServer
+from ledger.selectors.inputs import input_rounds_waiting
 from ledger.states import OPEN, State
 from toolops.errors import ToolopsError
 from toolops.services.boundary import operations_load_for_poll
@@ -212,12 +212,9 @@ class _Run:
         next_answer: float | None = None
         # Only rows waiting for input: a round left open on a row that went to the queue is not
         # answerable (the operator settles the row there instead). A round whose answer was
-        # recorded but not delivered (no QPS token, server busy) is answered again with the same
-        # JSON, as the refusal tells the operator to; it is no longer open, so the filter names it.
-        waiting = Q(status=InputRequest.Status.OPEN) | Q(status=InputRequest.Status.ANSWERED,
-                                                         delivered_at__isnull=True)
-        rounds = InputRequest.objects.filter(waiting, operation__state=State.INPUT_REQUIRED,
-                                             operation__server_id__in=server_ids).values_list(
+        # recorded but not delivered is answered again with the same JSON, as the refusal says.
+        rounds = input_rounds_waiting().filter(operation__state=State.INPUT_REQUIRED,
+                                               operation__server_id__in=server_ids).values_list(
             "id", "operation_id", "round", "schema_digest", "created_at")
         for ir_id, op_id, rnd, digest, created in sorted(rounds, key=lambda r: r[0]):
             index = self.op_index.get(op_id)
