@@ -9,6 +9,11 @@ earliest-due rows while leaving them due (a poll that wrote its next time before
 the lease, on a worker still running): they are the front of the due order and no claim may take
 them.
 
+It also prints, per claim, the full-page images and megabytes the claims wrote to the WAL and the
+dirty buffers the claiming backend had to write out itself (cluster-wide counters: run it on an
+otherwise idle server). They say how much of a claim is the machine's PostgreSQL sizing: a
+ledger larger than `shared_buffers` makes each claim evict pages of its own.
+
 Run against a scratch PostgreSQL database (it is emptied first):
     DATABASE_URL=postgres://root@127.0.0.1:5432/toolops_claims_<you> .venv/bin/python manage.py migrate -v0
     DATABASE_URL=postgres://root@127.0.0.1:5432/toolops_claims_<you> \\
@@ -93,9 +98,24 @@ def _updates() -> tuple[int, int]:
     return int(upd), int(hot)
 
 
+def _io() -> tuple[int, int, int | None]:
+    """Full-page images and bytes written to the WAL so far, and buffers that backends had to
+    write out themselves to make room (None where the server no longer reports it in
+    pg_stat_bgwriter, PostgreSQL 17 on). Both are the machine's share of a claim's cost: the
+    first write of a page after a checkpoint logs the whole page, and a table larger than
+    shared_buffers makes the claim evict dirty pages of its own."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_stat_force_next_flush()")
+        cur.execute("SELECT w.wal_fpi, w.wal_bytes, (to_jsonb(b) ->> 'buffers_backend')::bigint "
+                    "FROM pg_stat_wal AS w, pg_stat_bgwriter AS b")
+        fpi, wal_bytes, backend = cur.fetchone()
+    return int(fpi), int(wal_bytes), None if backend is None else int(backend)
+
+
 def _run(*, batch: int, claims: int) -> dict[str, object]:
     timings = []
     upd_before, hot_before = _updates()
+    io_before = _io()
     for i in range(claims):
         owner = f"bench-{i}"
         started = time.perf_counter()
@@ -104,7 +124,11 @@ def _run(*, batch: int, claims: int) -> dict[str, object]:
         if len(ids) < batch:
             break
     upd_after, hot_after = _updates()
+    io_after = _io()
     quarter = max(len(timings) // 4, 1)
+    done = max(len(timings), 1)
+    backend = (None if io_before[2] is None or io_after[2] is None
+               else round((io_after[2] - io_before[2]) / done, 1))
     return {
         "claims": len(timings), "batch": batch,
         "row_writes": upd_after - upd_before, "hot_row_writes": hot_after - hot_before,
@@ -112,6 +136,10 @@ def _run(*, batch: int, claims: int) -> dict[str, object]:
         "ms_first_quarter_median": round(statistics.median(timings[:quarter]), 2),
         "ms_last_quarter_median": round(statistics.median(timings[-quarter:]), 2),
         "ms_max": round(max(timings), 2),
+        # Cluster-wide counters: run it on an otherwise idle server.
+        "wal_fpi_per_claim": round((io_after[0] - io_before[0]) / done, 1),
+        "wal_mb_per_claim": round((io_after[1] - io_before[1]) / done / 1e6, 2),
+        "backend_buffer_writes_per_claim": backend,
         "ms_per_claim": [round(t, 1) for t in timings],
     }
 
