@@ -88,34 +88,28 @@ def _load(*, rows: int, leased_due: int) -> None:
                       "load_s": round(time.monotonic() - started, 2)}), flush=True)
 
 
-def _updates() -> tuple[int, int]:
-    """The operation table's updates so far, and how many of them were HOT."""
+def _counters() -> dict[str, int | None]:
+    """The server's counters so far, read after one flush of this backend's pending statistics:
+    the operation table's updates and how many were HOT (no index entry written), full-page
+    images and bytes written to the WAL, and buffers that backends had to write out themselves to
+    make room (None where pg_stat_bgwriter no longer reports it, PostgreSQL 17 on). The last
+    three are cluster-wide and the machine's share of a claim's cost: the first write of a page
+    after a checkpoint logs the whole page, and a table larger than shared_buffers makes the
+    claim evict dirty pages of its own."""
     with connection.cursor() as cur:
         cur.execute("SELECT pg_stat_force_next_flush()")
-        cur.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
-                    "WHERE relname = 'ledger_operation'")
-        upd, hot = cur.fetchone()
-    return int(upd), int(hot)
-
-
-def _io() -> tuple[int, int, int | None]:
-    """Full-page images and bytes written to the WAL so far, and buffers that backends had to
-    write out themselves to make room (None where the server no longer reports it in
-    pg_stat_bgwriter, PostgreSQL 17 on). Both are the machine's share of a claim's cost: the
-    first write of a page after a checkpoint logs the whole page, and a table larger than
-    shared_buffers makes the claim evict dirty pages of its own."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_stat_force_next_flush()")
-        cur.execute("SELECT w.wal_fpi, w.wal_bytes, (to_jsonb(b) ->> 'buffers_backend')::bigint "
-                    "FROM pg_stat_wal AS w, pg_stat_bgwriter AS b")
-        fpi, wal_bytes, backend = cur.fetchone()
-    return int(fpi), int(wal_bytes), None if backend is None else int(backend)
+        cur.execute("SELECT t.n_tup_upd, t.n_tup_hot_upd, w.wal_fpi, w.wal_bytes, "
+                    "(to_jsonb(b) ->> 'buffers_backend')::bigint "
+                    "FROM pg_stat_user_tables AS t, pg_stat_wal AS w, pg_stat_bgwriter AS b "
+                    "WHERE t.relname = 'ledger_operation'")
+        names = ("upd", "hot", "fpi", "wal_bytes", "backend_writes")
+        return {name: None if value is None else int(value)
+                for name, value in zip(names, cur.fetchone(), strict=True)}
 
 
 def _run(*, batch: int, claims: int) -> dict[str, object]:
     timings = []
-    upd_before, hot_before = _updates()
-    io_before = _io()
+    before = _counters()
     for i in range(claims):
         owner = f"bench-{i}"
         started = time.perf_counter()
@@ -123,23 +117,26 @@ def _run(*, batch: int, claims: int) -> dict[str, object]:
         timings.append((time.perf_counter() - started) * 1000)
         if len(ids) < batch:
             break
-    upd_after, hot_after = _updates()
-    io_after = _io()
+    after = _counters()
+
+    def grew(name: str) -> int | None:
+        first, last = before[name], after[name]
+        return None if first is None or last is None else last - first
+
     quarter = max(len(timings) // 4, 1)
     done = max(len(timings), 1)
-    backend = (None if io_before[2] is None or io_after[2] is None
-               else round((io_after[2] - io_before[2]) / done, 1))
+    backend = grew("backend_writes")
     return {
         "claims": len(timings), "batch": batch,
-        "row_writes": upd_after - upd_before, "hot_row_writes": hot_after - hot_before,
+        "row_writes": grew("upd"), "hot_row_writes": grew("hot"),
         "leased_at_end": len(timings) * batch,
         "ms_first_quarter_median": round(statistics.median(timings[:quarter]), 2),
         "ms_last_quarter_median": round(statistics.median(timings[-quarter:]), 2),
         "ms_max": round(max(timings), 2),
         # Cluster-wide counters: run it on an otherwise idle server.
-        "wal_fpi_per_claim": round((io_after[0] - io_before[0]) / done, 1),
-        "wal_mb_per_claim": round((io_after[1] - io_before[1]) / done / 1e6, 2),
-        "backend_buffer_writes_per_claim": backend,
+        "wal_fpi_per_claim": round((grew("fpi") or 0) / done, 1),
+        "wal_mb_per_claim": round((grew("wal_bytes") or 0) / done / 1e6, 2),
+        "backend_buffer_writes_per_claim": None if backend is None else round(backend / done, 1),
         "ms_per_claim": [round(t, 1) for t in timings],
     }
 
