@@ -11,7 +11,7 @@ them.
 
 It also prints, per claim, the full-page images and megabytes the claims wrote to the WAL and the
 dirty buffers the claiming backend had to write out itself (cluster-wide counters: run it on an
-otherwise idle server). They say how much of a claim is the machine's PostgreSQL sizing: a
+otherwise idle server): the first write of a page after a checkpoint logs the whole page, and a
 ledger larger than `shared_buffers` makes each claim evict pages of its own.
 
 Run against a scratch PostgreSQL database (it is emptied first):
@@ -92,10 +92,7 @@ def _counters() -> dict[str, int | None]:
     """The server's counters so far, read after one flush of this backend's pending statistics:
     the operation table's updates and how many were HOT (no index entry written), full-page
     images and bytes written to the WAL, and buffers that backends had to write out themselves to
-    make room (None where pg_stat_bgwriter no longer reports it, PostgreSQL 17 on). The last
-    three are cluster-wide and the machine's share of a claim's cost: the first write of a page
-    after a checkpoint logs the whole page, and a table larger than shared_buffers makes the
-    claim evict dirty pages of its own."""
+    make room (None where pg_stat_bgwriter no longer reports it, PostgreSQL 17 on)."""
     with connection.cursor() as cur:
         cur.execute("SELECT pg_stat_force_next_flush()")
         cur.execute("SELECT t.n_tup_upd, t.n_tup_hot_upd, w.wal_fpi, w.wal_bytes, "
@@ -124,8 +121,11 @@ def _run(*, batch: int, claims: int) -> dict[str, object]:
         return None if first is None or last is None else last - first
 
     quarter = max(len(timings) // 4, 1)
-    done = max(len(timings), 1)
-    backend = grew("backend_writes")
+
+    def per_claim(name: str, *, scale: float = 1.0) -> float | None:
+        total = grew(name)
+        return None if total is None else round(total / scale / max(len(timings), 1), 2)
+
     return {
         "claims": len(timings), "batch": batch,
         "row_writes": grew("upd"), "hot_row_writes": grew("hot"),
@@ -133,10 +133,9 @@ def _run(*, batch: int, claims: int) -> dict[str, object]:
         "ms_first_quarter_median": round(statistics.median(timings[:quarter]), 2),
         "ms_last_quarter_median": round(statistics.median(timings[-quarter:]), 2),
         "ms_max": round(max(timings), 2),
-        # Cluster-wide counters: run it on an otherwise idle server.
-        "wal_fpi_per_claim": round((grew("fpi") or 0) / done, 1),
-        "wal_mb_per_claim": round((grew("wal_bytes") or 0) / done / 1e6, 2),
-        "backend_buffer_writes_per_claim": None if backend is None else round(backend / done, 1),
+        "wal_fpi_per_claim": per_claim("fpi"),
+        "wal_mb_per_claim": per_claim("wal_bytes", scale=1e6),
+        "backend_buffer_writes_per_claim": per_claim("backend_writes"),
         "ms_per_claim": [round(t, 1) for t in timings],
     }
 
