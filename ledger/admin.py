@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.db import models
 from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -123,6 +124,10 @@ class ToolServerAdmin(ReadOnlyAdmin):
     search_fields = ("name", "url")
     search_help_text = "Server name or URL (contains)."
     exclude = ("session_id",)  # a session id is a bearer credential for the server's tasks
+    # The page is read-only, but Django still builds the form field behind the URL. Naming the
+    # scheme a bare host would take (Django 6's default, https) keeps the page from leaning on the
+    # deprecated http default, which warns on every render.
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 
 
 class MembershipInline(admin.TabularInline):

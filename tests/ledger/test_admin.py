@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
@@ -9,7 +11,7 @@ from django.utils import timezone
 
 from ledger.models import InputRequest, TerminalReceipt
 from ledger.states import State
-from tests.ledger.factories import OperationFactory
+from tests.ledger.factories import OperationFactory, ToolServerFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -45,3 +47,15 @@ def test_receipts_list_server_tool_and_what_completed_means() -> None:
     assert plain.operation.server.name in html and "render" in html
     searched = client.get("/admin/ledger/terminalreceipt/", {"q": error.operation.server.name})
     assert [r.pk for r in searched.context["cl"].result_list] == [error.pk]
+
+
+def test_server_page_shows_the_url_without_a_deprecation_warning() -> None:
+    server = ToolServerFactory(url="https://tools.example.com/mcp")
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", "r@example.com", "pw"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        page = client.get(f"/admin/ledger/toolserver/{server.pk}/change/")
+    assert page.status_code == 200
+    assert "https://tools.example.com/mcp" in page.content.decode()
+    assert [str(w.message) for w in caught if "assume_scheme" in str(w.message)] == []
