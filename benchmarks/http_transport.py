@@ -10,6 +10,11 @@ The server is any MCP 2025-11-25 task server; the perf harness's fast server is 
 
     FAST_TASK_SECONDS=1 FAST_POLL_MS=500 python ../shared/perf/fastserver.py --port 8765 &
     .venv/bin/python benchmarks/http_transport.py --url http://127.0.0.1:8765/mcp
+
+`--objects` needs no server: it times, with `timeit`, the two httpx objects every exchange builds
+around `Http11Transport` (the request as `JsonRpcClient._post` builds it, and the response as
+`Http11Transport.handle_request` builds it, read to its end and closed) and prints microseconds
+per object, the best of `--rounds`.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import json
 import statistics
 import sys
 import time
+import timeit
 from pathlib import Path
 
 import httpx
@@ -71,13 +77,43 @@ def _cpu_per_request(transport: httpx.BaseTransport, url: str, headers: dict[str
     return (time.process_time() - started) / n * 1e6
 
 
+def _object_costs(*, rounds: int) -> dict[str, float]:
+    """Microseconds per httpx.Request and per httpx.Response (read and closed), best of `rounds`."""
+    url = httpx.URL("http://127.0.0.1:8765/mcp")
+    headers = httpx.Headers({name.lower(): value for name, value in HEADERS.items()})
+    content = json.dumps(_rpc(7, "tasks/get", {"taskId": "0" * 32})).encode()
+    body = b"x" * 180  # about a `tasks/get` reply
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+           (b"mcp-session-id", b"0123456789abcdef")]
+
+    def request() -> None:
+        httpx.Request("POST", url, headers=headers, content=content, extensions={"timeout": TIMEOUT})
+
+    def response() -> None:
+        reply = httpx.Response(200, headers=raw, stream=httpx.ByteStream(body),
+                               extensions={"http_version": b"HTTP/1.1", "reason_phrase": b"OK"})
+        reply.read()
+        _ = "set-cookie" in reply.headers
+        reply.close()
+
+    n = 20_000
+    return {name: min(timeit.repeat(fn, number=n, repeat=rounds)) / n * 1e6
+            for name, fn in (("httpx.Request", request), ("httpx.Response", response))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default="http://127.0.0.1:8765/mcp")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--objects", action="store_true",
+                        help="time the httpx request and response objects alone (no server)")
     args = parser.parse_args()
+    if args.objects:
+        for name, us in _object_costs(rounds=args.rounds).items():
+            print(f"{name:>20}: {us:5.1f} us per object (best of {args.rounds} rounds of 20000)")
+        return
     wires: dict[str, httpx.BaseTransport] = {"httpx.HTTPTransport": httpx.HTTPTransport(),
                                              "Http11Transport": Http11Transport()}
     sessions = {name: _task_id(wire, args.url) for name, wire in wires.items()}
