@@ -12,7 +12,10 @@ them.
 It also prints, per claim, the full-page images and megabytes the claims wrote to the WAL and the
 dirty buffers the claiming backend had to write out itself (cluster-wide counters: run it on an
 otherwise idle server): the first write of a page after a checkpoint logs the whole page, and a
-ledger larger than `shared_buffers` makes each claim evict pages of its own.
+ledger larger than `shared_buffers` makes each claim evict pages of its own. The load writes
+more WAL than a default `max_wal_size`, so a checkpoint usually starts as the claims begin;
+`--checkpoint-first` runs `CHECKPOINT` (a superuser's or pg_checkpoint's right) after the load,
+so the claims start after a finished one instead.
 
 Run against a scratch PostgreSQL database (it is emptied first):
     DATABASE_URL=postgres://root@127.0.0.1:5432/toolops_claims_<you> .venv/bin/python manage.py migrate -v0
@@ -44,7 +47,7 @@ from ledger.models import ToolServer  # noqa: E402
 from toolops.services.dispatch import operations_claim_due  # noqa: E402
 
 
-def _load(*, rows: int, leased_due: int) -> None:
+def _load(*, rows: int, leased_due: int, checkpoint_first: bool) -> None:
     with connection.cursor() as cur:
         cur.execute("TRUNCATE ledger_operationevent, ledger_operation, ledger_toolserver CASCADE")
     server = ToolServer.objects.create(name="claims-bench", url="http://127.0.0.1:1/mcp",
@@ -84,7 +87,10 @@ def _load(*, rows: int, leased_due: int) -> None:
         # A quiet table: the load's dead tuples and unset hint bits are not the claim's cost.
         cur.execute("VACUUM (ANALYZE) ledger_operation")
         cur.execute("VACUUM (ANALYZE) ledger_operationdue")
+        if checkpoint_first:
+            cur.execute("CHECKPOINT")
     print(json.dumps({"loaded_rows": rows, "leased_due": leased_due,
+                      "checkpoint_first": checkpoint_first,
                       "load_s": round(time.monotonic() - started, 2)}), flush=True)
 
 
@@ -147,6 +153,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--claims", type=int, default=100)
     parser.add_argument("--leased-due", type=int, default=0)
+    parser.add_argument("--checkpoint-first", action="store_true",
+                        help="CHECKPOINT after the load, so none is under way as the claims begin")
     args = parser.parse_args()
     if connection.vendor != "postgresql":
         raise SystemExit("claims_at_scale needs PostgreSQL (SKIP LOCKED, generate_series)")
@@ -154,7 +162,7 @@ def main() -> None:
     from django.conf import settings
 
     settings.TOOLOPS_LEASE_SECONDS = 600.0
-    _load(rows=args.rows, leased_due=args.leased_due)
+    _load(rows=args.rows, leased_due=args.leased_due, checkpoint_first=args.checkpoint_first)
     print(json.dumps(_run(batch=args.batch, claims=args.claims)), flush=True)
 
 
