@@ -37,13 +37,13 @@ def _piece() -> int:
     return total
 
 
-def _worker(deadline: float, window: float, out: mp.Queue) -> None:
+def _worker(start: float, seconds: float, window: float, out: mp.Queue) -> None:
+    # Every process counts from the same start, after all of them exist, so that a window holds
+    # the same stretch of time in each and no process's start-up falls inside the first.
+    time.sleep(max(0.0, start - time.monotonic()))
+    deadline = start + seconds
     counts: dict[int, int] = {}
-    start = time.monotonic()
-    while True:
-        now = time.monotonic()
-        if now >= deadline:
-            break
+    while time.monotonic() < deadline:
         _piece()
         slot = int((time.monotonic() - start) // window)
         counts[slot] = counts.get(slot, 0) + 1
@@ -68,15 +68,20 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=10.0)
     parser.add_argument("--procs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
-    if args.seconds <= 0 or args.window <= 0 or args.window > args.seconds or args.procs < 1:
-        parser.error("need 0 < --window <= --seconds and --procs >= 1")
+    # A window must hold many pieces (about a millisecond each) for its rate to mean anything.
+    if args.window < 1 or args.window > args.seconds or args.procs < 1:
+        parser.error("need 1 <= --window <= --seconds and --procs >= 1")
 
-    steal0, wall0 = _steal_jiffies(), time.monotonic()
     out: mp.Queue = mp.Queue()
-    deadline = time.monotonic() + args.seconds
-    procs = [mp.Process(target=_worker, args=(deadline, args.window, out)) for _ in range(args.procs)]
+    # Half a second is ample for the processes to start (fork) before the common start.
+    start = time.monotonic() + 0.5
+    procs = [
+        mp.Process(target=_worker, args=(start, args.seconds, args.window, out)) for _ in range(args.procs)
+    ]
     for p in procs:
         p.start()
+    time.sleep(max(0.0, start - time.monotonic()))
+    steal0, wall0 = _steal_jiffies(), time.monotonic()
     totals: dict[int, int] = {}
     for _ in procs:
         for slot, n in out.get().items():
@@ -85,10 +90,13 @@ def main() -> None:
         p.join()
     steal1, wall = _steal_jiffies(), time.monotonic() - wall0
 
-    # The last window is cut short by the deadline; only whole windows are compared.
-    whole = [slot for slot in sorted(totals) if (slot + 1) * args.window <= args.seconds]
-    rates = [totals[slot] / args.window for slot in whole]
+    # Only whole windows are compared (a last one cut short by the end is left out). A window in
+    # which no piece ended (the machine stalled for all of it) counts as a rate of 0.
+    whole = list(range(int(args.seconds // args.window)))
+    rates = [totals.get(slot, 0) / args.window for slot in whole]
     median = statistics.median(rates)
+    if median == 0:
+        raise SystemExit("no piece ended in most windows: the machine did no work to compare")
     for slot, rate in zip(whole, rates, strict=True):
         print(f"{slot * args.window:7.0f} s  {rate:8.1f} pieces/s  x{rate / median:.3f} of the median")
     ticks = os.sysconf("SC_CLK_TCK")
@@ -103,7 +111,7 @@ def main() -> None:
                 "median_pieces_per_s": round(median, 1),
                 "slowest_vs_median": round(min(rates) / median, 3),
                 "fastest_vs_median": round(max(rates) / median, 3),
-                "fastest_vs_slowest": round(max(rates) / min(rates), 3),
+                "fastest_vs_slowest": round(max(rates) / min(rates), 3) if min(rates) else None,
                 "steal_share": round(steal_s / (wall * args.procs), 4) if steal_s is not None else None,
             }
         )
