@@ -92,12 +92,11 @@ def main() -> None:
 
     # Only whole windows are compared (a last one cut short by the end is left out). A window in
     # which no piece ended (the machine stalled for all of it) counts as a rate of 0.
-    whole = list(range(int(args.seconds // args.window)))
-    rates = [totals.get(slot, 0) / args.window for slot in whole]
+    rates = [totals.get(slot, 0) / args.window for slot in range(int(args.seconds // args.window))]
     median = statistics.median(rates)
     if median == 0:
         raise SystemExit("no piece ended in most windows: the machine did no work to compare")
-    for slot, rate in zip(whole, rates, strict=True):
+    for slot, rate in enumerate(rates):
         print(f"{slot * args.window:7.0f} s  {rate:8.1f} pieces/s  x{rate / median:.3f} of the median")
     ticks = os.sysconf("SC_CLK_TCK")
     steal_s = (steal1 - steal0) / ticks if steal0 is not None and steal1 is not None else None
